@@ -1,0 +1,1 @@
+"""Benchmarks scored under K/V error."""

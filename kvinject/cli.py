@@ -1,0 +1,189 @@
+"""The ``kvinject`` command line: a thin layer over the Python API."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .config import Configuration
+from .error_models import REGISTRY, parse_error
+from .exceptions import KvinjectError
+from .jsonutil import dumps
+from .options import BackendOptions, CacheOptions
+from .target import Target
+
+app = typer.Typer(
+    help=(
+        "Inject controlled error into the K and V vectors of a llama.cpp model as they enter "
+        "the KV cache, and measure what it does.\n\n"
+        "Start with `kvinject errors` (the error models), `kvinject info` (model, backend and "
+        "cache sizes) and `kvinject generate \"The capital of France is\" --error normal:0,0.5`."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+# Options shared by every command that loads a model.
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option("--model", "-m", help="GGUF file, hf:OWNER/REPO/FILE.gguf, or a bundled model (smollm2, gemma3-270m). Default: smollm2."),
+]
+GpuOpt = Annotated[Optional[int], typer.Option("--n-gpu-layers", help="Layers to offload to the GPU (-1: all). Default: all with a GPU backend, else 0.")]
+FlashOpt = Annotated[str, typer.Option("--flash-attn", help="Flash attention: auto, on or off.")]
+CacheKOpt = Annotated[str, typer.Option("--cache-type-k", help="K cache type: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.")]
+CacheVOpt = Annotated[str, typer.Option("--cache-type-v", help="V cache type (quantized V needs flash attention).")]
+CtxOpt = Annotated[int, typer.Option("--ctx", help="Context size in tokens.")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads. Default: physical cores.")]
+RotationOpt = Annotated[str, typer.Option("--kv-rotation", help="llama.cpp's Hadamard rotation of quantized K/V caches: on or off.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's log.")]
+ErrorOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--error", "-e", help="Error model spec, repeatable (see `kvinject errors`), e.g. normal:0,0.25. The control (none) always runs."),
+]
+TargetOpt = Annotated[str, typer.Option("--target", help="Which vectors get the error: kv, k or v.")]
+LayersOpt = Annotated[Optional[str], typer.Option("--layers", help="Layers that get the error, e.g. 0-3,10. Default: all.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the noise (with the run index).")]
+FormatOpt = Annotated[str, typer.Option("--format", help="Output: table or json.")]
+
+
+def _on_off(name: str, value: str) -> bool:
+    if value not in ("on", "off"):
+        raise KvinjectError(f"{name} must be on or off, got '{value}'")
+    return value == "on"
+
+
+def _cache(flash_attn: str, cache_type_k: str, cache_type_v: str, kv_rotation: str) -> CacheOptions:
+    return CacheOptions(cache_type_k, cache_type_v, flash_attn, _on_off("--kv-rotation", kv_rotation))
+
+
+def _load(model: str | None, n_gpu_layers: int | None, threads: int | None, verbose: bool):
+    from .model import Model, set_verbose
+
+    set_verbose(verbose)
+    with console.status(f"loading {model or 'the default model'}...", spinner="dots"):
+        return Model(model, BackendOptions(n_gpu_layers=n_gpu_layers, threads=threads))
+
+
+def _configs(errors: list[str] | None, target: str, layers: str | None, cache: CacheOptions) -> list[Configuration]:
+    tgt = Target.parse(target, layers)
+    models = [parse_error(s) for s in errors or []]
+    control = [Configuration(cache=cache)]
+    return control + [Configuration(m, tgt, cache) for m in models if m.injects]
+
+
+def _fmt(value: float, spec: str = ".3f") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+@app.command()
+def errors() -> None:
+    """List the error models with their syntax and meaning."""
+    table = Table(title="Error models (--error SPEC)", show_lines=True)
+    table.add_column("syntax", style="bold cyan", no_wrap=True)
+    table.add_column("meaning")
+    table.add_column("example", style="green", no_wrap=True)
+    for cls in REGISTRY.values():
+        table.add_row(cls.syntax, cls.summary, cls.example)
+    console.print(table)
+    console.print("Apply to K or V only with --target k|v, and to some layers with --layers 0-3,10.")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The prompt to complete.")],
+    error: ErrorOpt = None,
+    target: TargetOpt = "kv",
+    layers: LayersOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Tokens to generate.")] = 32,
+    chat: Annotated[bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")] = False,
+    seed: SeedOpt = 0,
+    output_format: FormatOpt = "table",
+    model: ModelOpt = None,
+    n_gpu_layers: GpuOpt = None,
+    flash_attn: FlashOpt = "auto",
+    cache_type_k: CacheKOpt = "f16",
+    cache_type_v: CacheVOpt = "f16",
+    ctx: CtxOpt = 2048,
+    threads: ThreadsOpt = None,
+    kv_rotation: RotationOpt = "on",
+    verbose: VerboseOpt = False,
+) -> None:
+    """Greedy completion of PROMPT under the control and each --error, side by side."""
+    from .generate import generate as run_generate
+
+    if output_format not in ("table", "json"):
+        raise KvinjectError(f"--format must be table or json, got '{output_format}'")
+    configs = _configs(error, target, layers, _cache(flash_attn, cache_type_k, cache_type_v, kv_rotation))
+    with _load(model, n_gpu_layers, threads, verbose) as m:
+        with console.status("generating...", spinner="dots"):
+            results = run_generate(m, prompt, configs, max_tokens=max_tokens, chat=chat, seed=seed, n_ctx=ctx)
+    if output_format == "json":
+        print(dumps({"prompt": prompt, "model": str(m.path), "seed": seed, "results": [r.to_dict() for r in results]}))
+        return
+    table = Table(title=f"{prompt!r}", show_lines=True)
+    for col in ("error", "completion", "K rel. err mean±std", "V rel. err mean±std", "sign flips K/V", "SNR dB K/V"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        k, v = r.realized.k, r.realized.v
+        table.add_row(
+            r.config.label,
+            r.text,
+            f"{_fmt(k.rel_err_mean)} ± {_fmt(k.rel_err_std)}",
+            f"{_fmt(v.rel_err_mean)} ± {_fmt(v.rel_err_std)}",
+            f"{_fmt(k.sign_flip_frac, '.2%')} / {_fmt(v.sign_flip_frac, '.2%')}",
+            f"{_fmt(k.snr_db, '.1f')} / {_fmt(v.snr_db, '.1f')}",
+        )
+    console.print(table)
+
+
+@app.command()
+def info(
+    model: ModelOpt = None,
+    n_gpu_layers: GpuOpt = None,
+    ctx: CtxOpt = 4096,
+    threads: ThreadsOpt = None,
+    output_format: FormatOpt = "table",
+    verbose: VerboseOpt = False,
+) -> None:
+    """Versions, backend, the model's attention shape and the KV cache size per cache type."""
+    from .info import gather
+
+    with _load(model, n_gpu_layers, threads, verbose) as m:
+        with console.status("measuring cache sizes...", spinner="dots"):
+            report = gather(m, ctx)
+    if output_format == "json":
+        print(dumps(report))
+        return
+    head = Table.grid(padding=(0, 2))
+    for key in ("kvinject", "llama_cpp_python", "backend", "model", "sha256", "architecture", "n_layer", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ctx_train", "threads", "n_gpu_layers"):
+        head.add_row(f"[bold]{key}", str(report[key]))
+    console.print(head)
+    table = Table(title=f"KV cache at --ctx {ctx}: 2·L·H·D·N·b estimate vs what llama.cpp allocated")
+    for col in ("cache type", "bits/value", "estimate MiB", "allocated MiB", "ratio"):
+        table.add_column(col, justify="right")
+    for row in report["cache_sizes"]:
+        table.add_row(row["type"], f"{row['bits_per_value']:g}", f"{row['estimate_mib']:.2f}", _fmt(row["allocated_mib"], ".2f"), _fmt(row["ratio"], ".3f"))
+    console.print(table)
+    console.print(f"[dim]{report['llama_cpp_system']}")
+
+
+@app.command()
+def version() -> None:
+    """Print kvinject's version."""
+    print(__version__)
+
+
+def main() -> None:
+    try:
+        app()
+    except KvinjectError as e:
+        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(2)

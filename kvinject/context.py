@@ -1,0 +1,204 @@
+"""A llama.cpp context with one error configuration: decoding, logits and greedy generation."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+import numpy as np
+from llama_cpp import llama_cpp as ll
+
+from .error_models import ErrorModel, NoError
+from .exceptions import InjectionError, ModelError
+from .ggml import CACHE_TYPES
+from .hook import KVHook
+from .model import captured_log
+from .options import CacheOptions
+from .realized import Realized
+from .target import Target
+
+if TYPE_CHECKING:
+    from .model import Model
+
+
+@contextmanager
+def _rotation(enabled: bool) -> Iterator[None]:
+    """llama.cpp reads LLAMA_ATTN_ROT_DISABLE when a context is created."""
+    old = os.environ.get("LLAMA_ATTN_ROT_DISABLE")
+    if not enabled:
+        os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+    else:
+        os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+        else:
+            os.environ["LLAMA_ATTN_ROT_DISABLE"] = old
+
+
+_KV_SIZE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB .*K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    text: str
+    nonfinite_steps: int  # decoding steps whose logits held NaN or Inf
+
+
+class Context:
+    """One llama context: a KV cache with its storage types, and the hook for one error model.
+
+    Noise is seeded by ``(seed, run)``: the same settings and seed reproduce exactly.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        cache: CacheOptions | None = None,
+        error: ErrorModel | None = None,
+        target: Target | None = None,
+        seed: int = 0,
+        run: int = 0,
+        n_ctx: int = 2048,
+        n_seq: int = 1,
+        n_batch: int = 512,
+    ):
+        self.model = model
+        self.cache = cache or CacheOptions()
+        self.error = error or NoError()
+        self.target = target or Target()
+        self.n_batch = min(n_batch, n_ctx)
+        self.hook = (
+            KVHook(
+                self.error,
+                self.target,
+                model.n_layer,
+                model.n_head_kv * model.head_dim_k,
+                model.n_head_kv * model.head_dim_v,
+                np.random.default_rng([seed, run]),
+            )
+            if self.error.injects
+            else None
+        )
+        self.sample_rng = np.random.default_rng([seed, run, 1])
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = self.n_batch  # one graph per decode: the hook relies on it
+        params.n_seq_max = n_seq
+        params.kv_unified = True  # sequences share the cells, so uneven lengths fit
+        params.n_threads = params.n_threads_batch = model.backend.n_threads
+        params.type_k = CACHE_TYPES[self.cache.type_k]
+        params.type_v = CACHE_TYPES[self.cache.type_v]
+        params.flash_attn_type = self.cache.flash_attn_type
+        params.no_perf = True
+        if self.hook is not None:
+            params.cb_eval = self.hook.callback
+        with _rotation(self.cache.kv_rotation), captured_log() as self.creation_log:
+            self._ptr = ll.llama_init_from_model(model.ptr, params)
+        if not self._ptr:
+            tail = "".join(self.creation_log[-5:]).strip()
+            raise ModelError(f"llama.cpp could not create a context with {self.cache.label}, n_ctx={n_ctx}: {tail}")
+        self.n_vocab = model.n_vocab
+        self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq)
+        if self.hook is not None:
+            self.hook.learn(lambda: self._llama_decode([(model.bos, 0, 0, False)]))
+            self.clear()
+
+    def close(self) -> None:
+        if self._ptr:
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def realized(self) -> Realized:
+        return self.hook.realized if self.hook is not None else Realized.empty()
+
+    @property
+    def kv_cache_bytes(self) -> dict[str, float] | None:
+        """What llama.cpp reported allocating for K and V, in bytes (summed over its caches)."""
+        sizes = [m for line in self.creation_log if (m := _KV_SIZE.search(line))]
+        if not sizes:
+            return None
+        mib = 1024 * 1024
+        return {"k": sum(float(m[3]) for m in sizes) * mib, "v": sum(float(m[5]) for m in sizes) * mib}
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(ll.llama_get_memory(self._ptr), True)
+
+    def _llama_decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:
+        batch = self._batch
+        for i, (token, pos, seq, logits) in enumerate(entries):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = logits
+        batch.n_tokens = len(entries)
+        status = ll.llama_decode(self._ptr, batch)
+        if status != 0:
+            if self.hook is not None:
+                self.hook.finish_decode()  # an error inside the hook explains the failure best
+            raise InjectionError(f"llama_decode failed with status {status} (KV cache full? raise --ctx)")
+
+    def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:
+        """Decode (token, position, sequence, want_logits) entries, at most n_batch of them."""
+        if len(entries) > self.n_batch:
+            raise ValueError(f"{len(entries)} tokens exceed the batch size {self.n_batch}")
+        self._llama_decode(entries)
+        if self.hook is not None:
+            self.hook.finish_decode()
+
+    def logits(self, i: int) -> np.ndarray:
+        """The logits of the i-th batch entry of the last decode (-1: the last with logits)."""
+        ptr = ll.llama_get_logits_ith(self._ptr, i)
+        if not ptr:
+            raise InjectionError(f"no logits for batch entry {i}")
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+
+    def prefill(self, tokens: Sequence[int], seq: int = 0, pos: int = 0) -> None:
+        """Decode a prompt in n_batch pieces, with logits for its last token only."""
+        for start in range(0, len(tokens), self.n_batch):
+            piece = tokens[start : start + self.n_batch]
+            last = start + len(piece) == len(tokens)
+            self.decode([(t, pos + start + j, seq, last and j == len(piece) - 1) for j, t in enumerate(piece)])
+
+    def pick(self, logits: np.ndarray, temperature: float) -> int:
+        if temperature <= 0:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / temperature
+        p = np.exp(z - z.max())
+        return int(self.sample_rng.choice(len(p), p=p / p.sum()))
+
+    def generate(self, prompt: Sequence[int], max_tokens: int, temperature: float = 0.0) -> Generation:
+        """Generate up to ``max_tokens`` after ``prompt`` (greedy unless temperature > 0)."""
+        self.clear()
+        self.prefill(prompt)
+        out: list[int] = []
+        nonfinite = 0
+        for _ in range(max_tokens):
+            logits = self.logits(-1)
+            if not np.isfinite(logits).all():
+                nonfinite += 1
+                logits = np.nan_to_num(logits, nan=-np.inf)
+            token = self.pick(logits, temperature)
+            if self.model.is_eog(token):
+                break
+            out.append(token)
+            if len(prompt) + len(out) >= ll.llama_n_ctx(self._ptr):
+                break
+            self.decode([(token, len(prompt) + len(out) - 1, 0, True)])
+        return Generation(out, self.model.detokenize(out), nonfinite)

@@ -1,0 +1,49 @@
+"""Greedy completions of one prompt under the control and each error configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import Configuration
+from .model import Model
+from .realized import Realized
+
+
+@dataclass
+class Completion:
+    config: Configuration
+    text: str
+    tokens: list[int]
+    realized: Realized
+    nonfinite_steps: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            **self.config.to_dict(),
+            "label": self.config.label,
+            "text": self.text,
+            "n_tokens": len(self.tokens),
+            "nonfinite_steps": self.nonfinite_steps,
+            "realized": self.realized.summary(),
+        }
+
+
+def generate(
+    model: Model,
+    prompt: str,
+    configs: list[Configuration],
+    max_tokens: int = 32,
+    chat: bool = False,
+    seed: int = 0,
+    n_ctx: int = 2048,
+    temperature: float = 0.0,
+) -> list[Completion]:
+    """One completion per configuration, each in a fresh context seeded by ``seed``."""
+    text = model.chat_prompt(prompt) if chat else prompt
+    tokens = model.tokenize(text, add_special=True, parse_special=chat)
+    out = []
+    for config in configs:
+        with model.context(config.cache, config.error, config.target, seed=seed, n_ctx=n_ctx) as ctx:
+            gen = ctx.generate(tokens, max_tokens, temperature)
+            out.append(Completion(config, gen.text, gen.tokens, ctx.realized, gen.nonfinite_steps))
+    return out

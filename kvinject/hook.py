@@ -1,0 +1,197 @@
+"""The injection hook: llama.cpp's graph evaluation callback, applied to K and V.
+
+llama.cpp's scheduler asks the callback about every graph node before computing it
+(``ask=True``); for a node the callback claims, it computes the graph up to that node and
+calls again with the data (``ask=False``). Each layer ``il`` names the K it stores
+``Kcur-il`` and the V ``Vcur-il``; consecutive nodes share that name (projection, reshape,
+RoPE), and some architectures reuse it for a later run (Gemma normalizes K under another
+name, then names the RoPE output ``Kcur-il`` again). The value the cache write reads is
+the last node of the last run.
+
+So the hook first learns the graph (:meth:`KVHook.learn`, one decode that perturbs
+nothing): how many runs each name has and which op ends the last one. From then on it
+claims only nodes of that op, and when the scheduler first asks about a node with another
+name after the last run, it changes the claimed value in place: the value is final and
+nothing has read it yet. One graph split per K/V and layer; a graph that does not match
+what was learned fails loudly rather than perturbing the wrong value.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import Counter
+from typing import Callable
+
+import numpy as np
+from llama_cpp import llama_cpp as ll
+
+from . import ggml
+from .error_models import Draws, ErrorModel
+from .exceptions import InjectionError, ModelError
+from .realized import Realized
+from .target import Target
+
+_OP_OFFSET = ggml.GgmlTensor.op.offset
+
+
+class KVHook:
+    """Applies ``error`` to the K/V rows selected by ``target``; counts and measures what it did.
+
+    ``row_k`` and ``row_v`` are the number of components of one token's K and V
+    (heads x head dim), the unit that error models such as ``quant`` group within.
+    Each llama_decode must compute exactly one graph (n_tokens <= n_ubatch) and be
+    followed by :meth:`finish_decode`.
+    """
+
+    def __init__(self, error: ErrorModel, target: Target, n_layer: int, row_k: int, row_v: int, rng: np.random.Generator):
+        target.check(n_layer)
+        self.error = error
+        self.draws = Draws(error.draw, rng) if error.random else None
+        self.row = {"k": row_k, "v": row_v}
+        self.realized = Realized.empty()
+        self.site_counts: Counter[tuple[str, int]] = Counter()  # (component, layer) -> cache writes perturbed
+        self._expected = {(c, il) for il in range(n_layer) for c in "kv" if target.wants(c, il)}
+        self._names = {self._node_name(c, il): (c, il) for c, il in self._expected}
+        self._learning = False
+        self._learned: dict[bytes, list[int]] = {}  # name -> op ending each of its runs
+        self._final_op: dict[bytes, int] = {}  # name -> op of the node the cache reads
+        self._n_runs: dict[bytes, int] = {}
+        self._runs_seen: Counter[bytes] = Counter()
+        self._run_name: bytes | None = None  # name of the current run of wanted nodes
+        self._run_last = 0  # latest node of that run the scheduler asked about
+        self._computed = 0  # latest claimed node whose data is ready
+        self._views: dict[tuple[int, int], np.ndarray] = {}
+        self._staged: dict[str, list[np.ndarray]] = {"k": [], "v": []}
+        self._decode_hits: Counter[tuple[str, int]] = Counter()
+        self._error: BaseException | None = None
+        self._checked_layout = False
+        # ctypes must keep this object alive as long as the llama context holds the pointer.
+        self.callback = ll.ggml_backend_sched_eval_callback(self._eval)
+
+    @staticmethod
+    def _node_name(component: str, layer: int) -> bytes:
+        """The graph name of the final K or V of a layer in llama.cpp's model graphs."""
+        return f"{component.upper()}cur-{layer}".encode()
+
+    # Runs for every node of every graph: keep it to a name read and dict lookups.
+    def _eval(self, t: int, ask: bool, _user_data: int) -> bool:
+        try:
+            if not ask:
+                self._computed = t
+                return True
+            name = ctypes.string_at(t + ggml.NAME_OFFSET)
+            if name != self._run_name:
+                if self._run_name is not None:
+                    self._end_run()
+                if name not in self._names:
+                    return False
+                self._run_name = name
+            self._run_last = t
+            op = self._final_op.get(name)
+            return op is None or op == ctypes.c_int.from_address(t + _OP_OFFSET).value
+        except BaseException as e:  # an exception must not cross into C; re-raised by finish_decode
+            if self._error is None:
+                self._error = e
+            self._run_name = None
+            return not ask
+
+    def _end_run(self) -> None:
+        name, last = self._run_name, self._run_last
+        self._run_name = None
+        if self._learning:
+            self._learned.setdefault(name, []).append(ctypes.c_int.from_address(last + _OP_OFFSET).value)
+            return
+        self._runs_seen[name] += 1
+        if self._runs_seen[name] < self._n_runs[name]:
+            return
+        if self._runs_seen[name] > self._n_runs[name] or self._computed != last:
+            raise InjectionError(
+                f"graph node '{name.decode()}' does not match the graph learned at the first decode; "
+                "kvinject does not support models whose graph changes shape between decodes"
+            )
+        component, layer = self._names[name]
+        self._perturb(last, component)
+        self._decode_hits[component, layer] += 1
+
+    def learn(self, decode: Callable[[], None]) -> None:
+        """Run ``decode`` (one llama_decode) with the hook watching, to learn the graph."""
+        self._learning = True
+        try:
+            decode()
+        finally:
+            self._learning = False
+        if self._error is not None:
+            self.finish_decode()
+        missing = sorted(self._names[n] for n in set(self._names) - set(self._learned))
+        if missing:
+            raise ModelError(
+                "the K/V hook did not find the targeted cache writes in this model's graph "
+                f"(missing {len(missing)} of {len(self._names)}, e.g. {missing[:4]}): this "
+                "architecture names its K/V nodes differently and is not supported yet"
+            )
+        self._n_runs = {name: len(ops) for name, ops in self._learned.items()}
+        self._final_op = {name: ops[-1] for name, ops in self._learned.items()}
+
+    def _perturb(self, ptr: int, component: str) -> None:
+        if not self._checked_layout:
+            ggml.check_layout(ptr)
+            self._checked_layout = True
+        t = ggml.tensor(ptr)
+        if t.type != ggml.GGML_TYPE_F32 or not ggml.lib().ggml_is_contiguous(ptr):
+            raise ModelError(f"'{t.name.decode()}' is not a contiguous f32 tensor; kvinject cannot perturb it")
+        n, row = ggml.numel(t), self.row[component]
+        if n % row:
+            raise ModelError(f"'{t.name.decode()}' has {n} values, not a whole number of {row}-value rows")
+        if ggml.lib().ggml_backend_buffer_is_host(t.buffer):
+            x = self._host_view(t.data, n).reshape(-1, row)
+            before = x.copy()
+            self.error.apply(x, self.draws)
+            after = x.copy()
+        else:
+            x = np.empty((n // row, row), dtype=np.float32)
+            ggml.lib().ggml_backend_tensor_get(ptr, x.ctypes.data, 0, x.nbytes)
+            before = x.copy()
+            self.error.apply(x, self.draws)
+            ggml.lib().ggml_backend_tensor_set(ptr, x.ctypes.data, 0, x.nbytes)
+            after = x
+        self._staged[component] += (before, after)
+
+    def _host_view(self, data: int, n: int) -> np.ndarray:
+        # The scheduler reuses its compute buffers, so the same (address, size) recurs.
+        view = self._views.get((data, n))
+        if view is None:
+            view = np.frombuffer((ctypes.c_float * n).from_address(data), dtype=np.float32)
+            self._views[data, n] = view
+        return view
+
+    def finish_decode(self) -> None:
+        """Call after each llama_decode: re-raises errors from the callback, checks that every
+        targeted K/V was reached equally often, and folds this decode into the statistics."""
+        error, self._error = self._error, None
+        if error is not None:
+            self._discard()
+            if isinstance(error, (InjectionError, ModelError)):
+                raise error
+            raise InjectionError(f"error inside the K/V hook: {type(error).__name__}: {error}") from error
+        hits, self._decode_hits = self._decode_hits, Counter()
+        self._runs_seen.clear()
+        if set(hits) != self._expected or set(hits.values()) != {1}:
+            self._discard()
+            missing = sorted(self._expected - set(hits))
+            raise InjectionError(
+                f"this decode perturbed {len(hits)} of the {len(self._expected)} targeted K/V cache "
+                f"writes (missing e.g. {missing[:4]}); was the decode larger than one ubatch?"
+            )
+        self.site_counts.update(hits)
+        for component, stats in (("k", self.realized.k), ("v", self.realized.v)):
+            staged = self._staged[component]
+            if staged:
+                stats.add(np.concatenate(staged[0::2], axis=None), np.concatenate(staged[1::2], axis=None), len(staged) // 2)
+                staged.clear()
+
+    def _discard(self) -> None:
+        self._decode_hits.clear()
+        self._runs_seen.clear()
+        self._run_name = None
+        for staged in self._staged.values():
+            staged.clear()

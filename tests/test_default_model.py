@@ -1,0 +1,36 @@
+"""End-to-end on the real default model (SmolLM2-135M-Instruct): slower, few of them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvinject.info import gather
+
+from .test_cli import kvinject
+
+pytestmark = pytest.mark.slow
+
+
+def test_generate_on_a_fresh_install_decodes_and_injects():
+    # A subprocess: a crash in llama.cpp's first decode (see docs) must fail this test, not pytest.
+    out = kvinject("generate", "The capital of France is", "--error", "none", "--error", "normal:0,0.5", "--format", "json", "-n", "12")
+    assert out.returncode == 0, out.stderr
+    control, noisy = json.loads(out.stdout)["results"]
+    assert "Paris" in control["text"]
+    assert noisy["text"] != control["text"]
+    for component in "kv":
+        stats = noisy["realized"][component]
+        assert stats["values"] > 0 and stats["rel_err_std"] == pytest.approx(0.5, abs=0.02)
+        assert control["realized"][component]["values"] == 0
+
+
+def test_info_cache_sizes_match_the_estimate(smollm):
+    report = gather(smollm, 4096)
+    assert (report["n_layer"], report["n_head_kv"], report["head_dim_k"]) == (30, 3, 64)
+    sizes = {row["type"]: row for row in report["cache_sizes"]}
+    # 2·L·H·D·N·b = 2·30·3·64·4096·2 bytes = 90 MiB for f16.
+    assert sizes["f16"]["estimate_mib"] == pytest.approx(90.0)
+    for name in ("f32", "f16", "q8_0", "q4_0"):
+        assert sizes[name]["ratio"] == pytest.approx(1.0, abs=0.01), name

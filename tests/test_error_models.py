@@ -1,0 +1,113 @@
+import numpy as np
+import pytest
+
+from kvinject.error_models import REGISTRY, Draws, parse_error
+from kvinject.exceptions import SpecError
+
+
+def perturb(spec: str, x: np.ndarray, seed: int = 0) -> np.ndarray:
+    model = parse_error(spec)
+    draws = Draws(model.draw, np.random.default_rng(seed)) if model.random else None
+    y = x.copy()
+    model.apply(y, draws)
+    return y
+
+
+@pytest.fixture
+def x() -> np.ndarray:
+    return np.random.default_rng(1).standard_normal((400, 128)).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_model_parses_its_example_and_round_trips(name: str, x: np.ndarray) -> None:
+    model = parse_error(REGISTRY[name].example)
+    assert model.name == name
+    assert parse_error(model.spec) == model
+    y = perturb(model.spec, x)
+    assert y.shape == x.shape and y.dtype == np.float32
+    assert np.array_equal(y, perturb(model.spec, x), equal_nan=True), "same seed must give the same result"
+    if model.random:
+        assert not np.array_equal(y, perturb(model.spec, x, seed=1), equal_nan=True), "another seed must differ"
+
+
+def test_normal_relative_error_has_the_spec_moments(x: np.ndarray) -> None:
+    rel = (perturb("normal:0.1,0.25", x) - x) / x
+    assert rel.mean() == pytest.approx(0.1, abs=0.003)
+    assert rel.std() == pytest.approx(0.25, rel=0.01)
+
+
+def test_uniform_relative_error_stays_in_bounds(x: np.ndarray) -> None:
+    rel = (perturb("uniform:-1.5,0.5", x) - x) / x
+    assert rel.min() >= -1.5 - 1e-5 and rel.max() <= 0.5 + 1e-5
+    assert rel.mean() == pytest.approx(-0.5, abs=0.01)
+    assert rel.std() == pytest.approx(2 / np.sqrt(12), rel=0.01)
+
+
+def test_signflip_flips_the_asked_fraction_and_nothing_else(x: np.ndarray) -> None:
+    y = perturb("signflip:0.2", x)
+    assert np.array_equal(np.abs(y), np.abs(x))
+    assert np.mean(np.sign(y) != np.sign(x)) == pytest.approx(0.2, abs=0.005)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_quant_puts_each_group_on_a_symmetric_integer_grid(bits: int, x: np.ndarray) -> None:
+    y = perturb(f"quant:{bits},group=32", x).reshape(-1, 32)
+    g = x.reshape(-1, 32)
+    qmax = 2 ** (bits - 1) - 1
+    scale = np.abs(g).max(axis=1, keepdims=True) / qmax
+    levels = y / scale
+    assert np.allclose(levels, np.rint(levels), atol=1e-3)
+    assert np.abs(levels).max() <= qmax + 1e-3
+    assert np.all(np.abs(y - g) <= scale / 2 + 1e-6)
+
+
+def test_quant_needs_a_group_that_divides_the_row() -> None:
+    with pytest.raises(SpecError, match="does not divide"):
+        perturb("quant:4,group=48", np.ones((2, 64), np.float32))
+
+
+@pytest.mark.parametrize("bits", [0, 7, 23])
+def test_mantissa_truncates_to_n_bits(bits: int, x: np.ndarray) -> None:
+    y = perturb(f"mantissa:{bits}", x)
+    assert np.all(y.view(np.uint32) & ((1 << (23 - bits)) - 1) == 0)
+    rel = (y - x) / x
+    assert rel.max() <= 0 and rel.min() > -(2.0**-bits)
+
+
+@pytest.mark.parametrize("field,mask", [("sign", 0x8000), ("exponent", 0x7C00), ("mantissa", 0x03FF)])
+def test_bitflip_touches_only_its_field(field: str, mask: int, x: np.ndarray) -> None:
+    half = x.astype(np.float16).view(np.uint16)
+    flipped = perturb(f"bitflip:0.05,field={field}", x).astype(np.float16).view(np.uint16) ^ half
+    assert np.all(flipped & ~np.uint16(mask) == 0)
+    bits_per_value = bin(mask).count("1")
+    assert np.unpackbits(flipped.view(np.uint8)).sum() / (x.size * bits_per_value) == pytest.approx(0.05, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("gaussian:0,1", "unknown error model"),
+        ("normal:0", "needs a value for 'std'"),
+        ("normal:0,abc", "std must be a float"),
+        ("normal:0,-1", "STD must be >= 0"),
+        ("uniform:1,-1", "A <= B"),
+        ("signflip:1.5", r"P must be in \[0, 1\]"),
+        ("quant:4,size=8", "no option 'size'"),
+        ("bitflip:0.1,field=top", "field must be one of"),
+        ("mantissa:24", "N must be in 0..23"),
+        ("normal:0,1,2", "at most 2 values"),
+    ],
+)
+def test_bad_specs_say_what_is_wrong_and_show_the_valid_form(spec: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message) as info:
+        parse_error(spec)
+    assert "valid form" in str(info.value).lower()
+
+
+def test_draws_are_independent_of_how_they_are_sliced() -> None:
+    model = parse_error("normal:0,1")
+    a = Draws(model.draw, np.random.default_rng(3))
+    b = Draws(model.draw, np.random.default_rng(3))
+    whole = a.take(200_000)
+    parts = np.concatenate([b.take(n) for n in (5, 70_000, 1, 129_994)])
+    assert np.array_equal(whole, parts)

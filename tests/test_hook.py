@@ -1,0 +1,158 @@
+"""The hook against real llama.cpp on the tiny model: what reaches the cache, where, and how much."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvinject.error_models import ErrorModel, parse_error
+from kvinject.exceptions import InjectionError, ModelError
+from kvinject.options import CacheOptions
+from kvinject.target import Target
+
+from .cache_state import read_cache
+
+PROMPT = "The quick brown fox jumps over the lazy dog while the cat watches from the warm window sill."
+F32 = CacheOptions("f32", "f32", "on")
+CACHES = [
+    CacheOptions("f32", "f32", "on"),
+    CacheOptions("f32", "f32", "off"),
+    CacheOptions("f16", "f16", "on"),
+    CacheOptions("f16", "f16", "off"),
+    CacheOptions("q8_0", "q8_0", "on"),
+    CacheOptions("q4_0", "q4_0", "on"),
+    CacheOptions("f16", "q8_0", "on"),
+    CacheOptions("q8_0", "f16", "off"),
+]
+
+
+def run(model, spec="none", cache=F32, target=None, seed=0, steps=3):
+    """Prefill PROMPT and decode a few greedy tokens; return every logit vector and the context."""
+    ctx = model.context(cache, parse_error(spec), target, seed=seed)
+    tokens = model.tokenize(PROMPT)
+    ctx.prefill(tokens)
+    logits = [ctx.logits(-1).copy()]
+    for i in range(steps):
+        ctx.decode([(int(np.argmax(logits[-1])), len(tokens) + i, 0, True)])
+        logits.append(ctx.logits(-1).copy())
+    return np.array(logits), ctx
+
+
+@pytest.mark.parametrize("cache", CACHES, ids=lambda c: c.label)
+def test_zero_noise_is_bit_identical_and_noise_reaches_every_cache_type(tiny, cache):
+    clean, c0 = run(tiny, "none", cache)
+    zero, c1 = run(tiny, "normal:0,0", cache)
+    noisy, c2 = run(tiny, "normal:0,0.3", cache)
+    assert np.array_equal(clean, zero), "zero noise must leave the logits bit-identical"
+    assert not np.allclose(clean, noisy), "noise must change the logits"
+    n_calls = len(tiny.tokenize(PROMPT)) // c2.n_batch + 1 + 3
+    for c in (c1, c2):
+        assert dict(c.hook.site_counts) == {(comp, il): n_calls for comp in "kv" for il in range(2)}
+    for c in (c0, c1, c2):
+        c.close()
+
+
+def test_what_reaches_the_cache_is_the_perturbed_value(tiny):
+    """Layer 0's K and V do not depend on earlier injection, so the f32 cache of an injected run
+    must equal the control's cache times (1 + e) with e ~ N(0, 0.25)."""
+    _, clean = run(tiny, "none", steps=0)
+    _, noisy = run(tiny, "normal:0,0.25", steps=0)
+    a, b = read_cache(clean), read_cache(noisy)
+    for component in "kv":
+        x, y = a[component, 0], b[component, 0]
+        rel = (y - x) / x
+        assert abs(rel.mean()) < 0.02 and rel.std() == pytest.approx(0.25, rel=0.05)
+        assert noisy.realized.summary()[component]["values"] == x.size * 2  # layers 0 and 1
+    clean.close()
+    noisy.close()
+
+
+@pytest.mark.parametrize(
+    "target,untouched",
+    [("k", [("v", 0)]), ("v", [("k", 0)]), ("kv@1", [("k", 0), ("v", 0)])],
+)
+def test_target_and_layers_restrict_the_sites(tiny, target, untouched):
+    components, _, layers = target.partition("@")
+    tgt = Target.parse(components, layers or None)
+    _, clean = run(tiny, "none", steps=0)
+    _, noisy = run(tiny, "normal:0,0.25", target=tgt, steps=0)
+    expected = {(c, il) for c in "kv" for il in range(2) if tgt.wants(c, il)}
+    assert set(noisy.hook.site_counts) == expected
+    a, b = read_cache(clean), read_cache(noisy)
+    for site in untouched:
+        assert np.array_equal(a[site], b[site]), f"{site} must be left alone"
+    for site in expected & {("k", 0), ("v", 0)}:
+        assert not np.array_equal(a[site], b[site]), f"{site} must be perturbed"
+    clean.close()
+    noisy.close()
+
+
+def test_k_only_and_v_only_each_change_the_output(tiny):
+    clean, c = run(tiny)
+    for components in "kv":
+        noisy, n = run(tiny, "normal:0,0.3", target=Target.parse(components))
+        assert not np.allclose(clean, noisy)
+        n.close()
+    c.close()
+
+
+@pytest.mark.parametrize(
+    "spec,expect",
+    [
+        ("normal:0,0.25", {"rel_err_mean": (0.0, 0.01), "rel_err_std": (0.25, 0.005), "sign_flip_frac": (0.0, 0.001)}),
+        ("uniform:-1,1", {"rel_err_mean": (0.0, 0.01), "rel_err_std": (1 / np.sqrt(3), 0.01), "sign_flip_frac": (0.0, 0.0)}),
+        ("uniform:-2,2", {"rel_err_mean": (0.0, 0.03), "rel_err_std": (4 / np.sqrt(12), 0.02), "sign_flip_frac": (0.25, 0.01)}),
+        ("signflip:0.1", {"rel_err_mean": (-0.2, 0.01), "sign_flip_frac": (0.1, 0.005)}),
+        ("mantissa:3", {"rel_err_mean": (-0.0415, 0.01), "sign_flip_frac": (0.0, 0.0)}),
+    ],
+)
+def test_realized_statistics_match_the_spec(tiny, spec, expect):
+    _, ctx = run(tiny, spec, steps=20)
+    for component in "kv":
+        stats = ctx.realized.summary()[component]
+        assert stats["values"] > 10_000
+        for key, (value, tol) in expect.items():
+            assert stats[key] == pytest.approx(value, abs=tol), (component, key)
+    ctx.close()
+
+
+@pytest.mark.parametrize("bits,lo,hi", [(8, 38, 48), (4, 14, 23)])
+def test_quant_snr_follows_the_bit_width(tiny, bits, lo, hi):
+    _, ctx = run(tiny, f"quant:{bits}", steps=5)
+    for component in "kv":
+        stats = ctx.realized.summary()[component]
+        assert lo < stats["snr_db"] < hi and stats["sign_flip_frac"] == 0
+    ctx.close()
+
+
+def test_same_seed_reproduces_and_another_seed_differs(tiny):
+    a, c1 = run(tiny, "normal:0,0.3", seed=7)
+    b, c2 = run(tiny, "normal:0,0.3", seed=7)
+    c, c3 = run(tiny, "normal:0,0.3", seed=8)
+    assert np.array_equal(a, b)
+    assert not np.allclose(a, c)
+    for ctx in (c1, c2, c3):
+        ctx.close()
+
+
+class Boom(ErrorModel):
+    name = "boom"
+    syntax = summary = example = "boom"
+
+    def apply(self, x, draws):
+        raise RuntimeError("kaboom")
+
+
+def test_an_exception_in_the_callback_fails_the_decode_clearly(tiny):
+    ctx = tiny.context(F32, Boom())
+    with pytest.raises(InjectionError, match="RuntimeError: kaboom"):
+        ctx.prefill(tiny.tokenize(PROMPT))
+    ctx.close()
+
+
+def test_a_graph_without_the_expected_nodes_is_an_error_not_a_silent_run(tiny, monkeypatch):
+    from kvinject import hook
+
+    monkeypatch.setattr(hook.KVHook, "_node_name", staticmethod(lambda c, il: f"{c.upper()}new-{il}".encode()))
+    with pytest.raises(ModelError, match="not supported"):
+        tiny.context(F32, parse_error("normal:0,0.1"))

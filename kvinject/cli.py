@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -28,6 +30,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts show spec syntax such as ERROR[@K[/V]] literally
 )
 console = Console()
 
@@ -141,6 +144,150 @@ def generate(
             f"{_fmt(k.sign_flip_frac, '.2%')} / {_fmt(v.sign_flip_frac, '.2%')}",
             f"{_fmt(k.snr_db, '.1f')} / {_fmt(v.snr_db, '.1f')}",
         )
+    console.print(table)
+
+
+@app.command(name="run")
+def run_command(
+    bench: Annotated[list[str], typer.Option("--bench", "-b", help="Benchmark, repeatable: ifeval, nexttoken, perplexity.")],
+    error: ErrorOpt = None,
+    control: Annotated[str, typer.Option("--control", help="The control configuration, ERROR[@K[/V]], e.g. none@f32 for an f32 cache.")] = "none",
+    target: TargetOpt = "kv",
+    layers: LayersOpt = None,
+    runs: Annotated[int, typer.Option("--runs", "-r", help="Runs per configuration (a configuration without randomness runs once).")] = 5,
+    seed: SeedOpt = 0,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Items per benchmark (prompts, snippets, perplexity chunks).")] = None,
+    data: Annotated[Optional[list[str]], typer.Option("--data", help="Data for a bench: PATH or hf:NAME[:CONFIG][@SPLIT], or BENCH=... with several benches.")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="ifeval: tokens generated per prompt.")] = 100,
+    temperature: Annotated[float, typer.Option("--temperature", help="ifeval: 0 is greedy.")] = 0.0,
+    exclude_instructions: Annotated[Optional[list[str]], typer.Option("--exclude-instructions", help="ifeval: drop prompts with these instruction ids (comma-separated or repeated), e.g. length_constraints:number_words.")] = None,
+    chunks: Annotated[Optional[int], typer.Option("--chunks", help="perplexity: chunks of --ctx tokens (default: all, or --limit).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write every record, aggregate and setting as JSON.")] = None,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="Also write the aggregates as CSV.")] = None,
+    output_format: FormatOpt = "table",
+    model: ModelOpt = None,
+    n_gpu_layers: GpuOpt = None,
+    flash_attn: FlashOpt = "auto",
+    cache_type_k: CacheKOpt = "f16",
+    cache_type_v: CacheVOpt = "f16",
+    ctx: Annotated[Optional[int], typer.Option("--ctx", help="Context size; for perplexity the chunk size, as in llama-perplexity. Default: 2048 (perplexity 512).")] = None,
+    threads: ThreadsOpt = None,
+    kv_rotation: RotationOpt = "on",
+    verbose: VerboseOpt = False,
+) -> None:
+    """Score benchmarks under the control and each --error, over repeated runs, with statistics.
+
+    Example: kvinject run --bench ifeval --bench nexttoken --error normal:0,0.25 --error none@q8_0 --runs 5
+    """
+    from .benchmarks import BENCHMARKS
+    from .runner import Report, metadata
+    from .runner import run as run_benches
+
+    if output_format not in ("table", "json"):
+        raise KvinjectError(f"--format must be table or json, got '{output_format}'")
+    unknown = [b for b in bench if b not in BENCHMARKS]
+    if unknown:
+        raise KvinjectError(f"unknown bench '{unknown[0]}': choose from {', '.join(BENCHMARKS)}")
+    if runs < 1:
+        raise KvinjectError(f"--runs must be >= 1, got {runs}")
+    cache = _cache(flash_attn, cache_type_k, cache_type_v, kv_rotation)
+    tgt = Target.parse(target, layers)
+    configs = [Configuration.parse(control, cache=cache)] + [Configuration.parse(e, tgt, cache) for e in error or []]
+    data_for = _bench_data(bench, data or [])
+    excluded = tuple(i.strip() for group in exclude_instructions or [] for i in group.split(",") if i.strip())
+    options = {
+        "ifeval": lambda: BENCHMARKS["ifeval"](data_for.get("ifeval"), limit, max_tokens, temperature, excluded, ctx or 2048),
+        "nexttoken": lambda: BENCHMARKS["nexttoken"](data_for.get("nexttoken"), limit),
+        "perplexity": lambda: BENCHMARKS["perplexity"](data_for.get("perplexity"), chunks or limit, ctx or 512),
+    }
+    benches = [options[name]() for name in dict.fromkeys(bench)]
+    with _load(model, n_gpu_layers, threads, verbose) as m:
+        report = Report(metadata(m, benches, configs, runs, seed, {"cache": cache.to_dict()}), benches={b.name: b for b in benches})
+        with _progress() as progress:
+            bars = {}
+
+            def bar(b, total):
+                bars[b.name] = progress.add_task(b.name, total=total)
+                return lambda n: progress.advance(bars[b.name], n)
+
+            try:
+                for result in run_benches(m, benches, configs, runs, seed, bar):
+                    report.results.append(result)
+            except KeyboardInterrupt:
+                report.interrupted = True
+    data = report.to_dict()
+    if output:
+        output.write_text(dumps(data))
+    if csv:
+        import pandas as pd
+
+        pd.json_normalize(data["aggregates"]).to_csv(csv, index=False)
+    if output_format == "json":
+        print(dumps(data))
+    else:
+        from .tables import bench_table
+
+        for b in benches:
+            console.print(bench_table(b.name, b.primary, b.secondary, data["aggregates"]))
+        if output:
+            console.print(f"[dim]results written to {output}")
+    if report.interrupted:
+        Console(stderr=True).print(f"[yellow]interrupted: {len(report.results)} finished runs kept{f' in {output}' if output else ''}")
+        raise typer.Exit(130)
+
+
+def _bench_data(benches: list[str], data: list[str]) -> dict[str, str]:
+    """--data PATH for a single bench, or --data BENCH=PATH for several."""
+    out: dict[str, str] = {}
+    for item in data:
+        name, eq, path = item.partition("=")
+        if eq and name in benches:
+            out[name] = path
+        elif len(set(benches)) == 1:
+            out[benches[0]] = item
+        else:
+            raise KvinjectError(f"with several benches, give --data as BENCH=PATH (got '{item}')")
+    return out
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description:<11}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+
+
+@app.command()
+def score(
+    bench: Annotated[str, typer.Argument(help="The benchmark whose checkers score the responses: ifeval.")],
+    data: Annotated[str, typer.Option("--data", help="IFEval input_data.jsonl (or hf:google/IFEval).")],
+    responses: Annotated[Path, typer.Option("--responses", help="JSONL with 'prompt' and 'response' per line (IFEval's input_response_data format).")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write per-prompt verdicts (with per-instruction strict/loose) as JSONL.")] = None,
+    output_format: FormatOpt = "table",
+) -> None:
+    """Score responses generated elsewhere with kvinject's IFEval checkers."""
+    from .benchmarks.ifeval.bench import load_items
+    from .benchmarks.ifeval.scoring import metrics, read_responses
+    from .benchmarks.ifeval.scoring import score as score_item
+
+    if bench != "ifeval":
+        raise KvinjectError(f"only ifeval responses can be scored, got '{bench}'")
+    items = load_items(data)
+    answers = read_responses(responses)
+    missing = [item.prompt for item in items if item.prompt not in answers]
+    if len(missing) == len(items):
+        raise KvinjectError(f"{responses} has a response for none of the {len(items)} prompts of {data}")
+    verdicts = [score_item(item, answers[item.prompt]) for item in items if item.prompt in answers]
+    if output:
+        output.write_text("".join(json.dumps(v.to_dict()) + "\n" for v in verdicts))
+    result = {"scored": len(verdicts), "missing": len(missing), **metrics(verdicts)}
+    if output_format == "json":
+        print(dumps(result))
+        return
+    table = Table(title=f"IFEval: {len(verdicts)} responses scored" + (f", {len(missing)} prompts without a response" if missing else ""))
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics(verdicts).items():
+        table.add_row(key, f"{value:.4f}")
     console.print(table)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .error_models import ErrorModel, NoError, parse_error
 from .options import CacheOptions
@@ -17,13 +17,23 @@ class Configuration:
 
     @classmethod
     def parse(cls, spec: str, target: Target | None = None, cache: CacheOptions | None = None) -> Configuration:
-        return cls(parse_error(spec), target or Target(), cache or CacheOptions())
+        """``ERROR[@K[/V]]``: an error spec, optionally with the cache types of this configuration
+        (``none@f32``: an f32 control; ``none@q8_0``: llama.cpp's q8_0 cache; ``none@f16/q8_0``)."""
+        error, at, types = spec.rpartition("@") if "@" in spec else (spec, "", "")
+        cache = cache or CacheOptions()
+        if at:
+            type_k, _, type_v = types.partition("/")
+            cache = replace(cache, type_k=type_k.strip(), type_v=(type_v or type_k).strip())
+        return cls(parse_error(error), target or Target(), cache)
 
     @property
     def label(self) -> str:
-        """Short and unique among configurations that differ only in error and target."""
-        where = "" if not self.error.injects or (self.target == Target()) else f" [{self.target.components}@{self.target.layers_spec}]"
-        return f"{self.error.spec}{where}"
+        """``ERROR [target:layers] @K/V``; the target and cache types only when not the defaults
+        (every layer of K and V, f16 cache)."""
+        where = "" if not self.error.injects or self.target == Target() else f" [{self.target.components}:{self.target.layers_spec}]"
+        k, v = self.cache.type_k, self.cache.type_v
+        types = "" if k == v == "f16" else f" @{k}" if k == v else f" @{k}/{v}"
+        return f"{self.error.spec}{where}{types}"
 
     def to_dict(self) -> dict[str, object]:
         return {

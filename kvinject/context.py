@@ -7,7 +7,7 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 from llama_cpp import llama_cpp as ll
@@ -50,6 +50,7 @@ class Generation:
     tokens: list[int]
     text: str
     nonfinite_steps: int  # decoding steps whose logits held NaN or Inf
+    first_logits: np.ndarray  # the logits after the prompt
 
 
 class Context:
@@ -87,6 +88,7 @@ class Context:
             if self.error.injects
             else None
         )
+        self.seed, self.run = seed, run
         self.sample_rng = np.random.default_rng([seed, run, 1])
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -110,6 +112,12 @@ class Context:
         if self.hook is not None:
             self.hook.learn(lambda: self._llama_decode([(model.bos, 0, 0, False)]))
             self.clear()
+
+    def begin_item(self, item: int) -> None:
+        """Seed the noise and sampling of benchmark item ``item`` from (seed, run, item)."""
+        if self.hook is not None:
+            self.hook.reseed(np.random.default_rng([self.seed, self.run, item]))
+        self.sample_rng = np.random.default_rng([self.seed, self.run, item, 1])
 
     def close(self) -> None:
         if self._ptr:
@@ -169,6 +177,11 @@ class Context:
             raise InjectionError(f"no logits for batch entry {i}")
         return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
 
+    def output_logits(self, n: int) -> np.ndarray:
+        """The logits of all ``n`` entries of the last decode that asked for them, in batch order."""
+        ptr = ll.llama_get_logits(self._ptr)
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n, self.n_vocab))
+
     def prefill(self, tokens: Sequence[int], seq: int = 0, pos: int = 0) -> None:
         """Decode a prompt in n_batch pieces, with logits for its last token only."""
         for start in range(0, len(tokens), self.n_batch):
@@ -183,14 +196,23 @@ class Context:
         p = np.exp(z - z.max())
         return int(self.sample_rng.choice(len(p), p=p / p.sum()))
 
-    def generate(self, prompt: Sequence[int], max_tokens: int, temperature: float = 0.0) -> Generation:
-        """Generate up to ``max_tokens`` after ``prompt`` (greedy unless temperature > 0)."""
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        temperature: float = 0.0,
+        stop: Callable[[list[int]], bool] | None = None,
+    ) -> Generation:
+        """Generate up to ``max_tokens`` after ``prompt`` (greedy unless temperature > 0), until an
+        end-of-generation token or ``stop(tokens)``. NaN/Inf logits never crash: they are counted."""
         self.clear()
         self.prefill(prompt)
+        first = self.logits(-1).copy()
         out: list[int] = []
         nonfinite = 0
-        for _ in range(max_tokens):
-            logits = self.logits(-1)
+        n_ctx = ll.llama_n_ctx(self._ptr)
+        for step in range(max_tokens):
+            logits = first if step == 0 else self.logits(-1)
             if not np.isfinite(logits).all():
                 nonfinite += 1
                 logits = np.nan_to_num(logits, nan=-np.inf)
@@ -198,7 +220,7 @@ class Context:
             if self.model.is_eog(token):
                 break
             out.append(token)
-            if len(prompt) + len(out) >= ll.llama_n_ctx(self._ptr):
+            if (stop is not None and stop(out)) or len(prompt) + len(out) >= n_ctx or step == max_tokens - 1:
                 break
             self.decode([(token, len(prompt) + len(out) - 1, 0, True)])
-        return Generation(out, self.model.detokenize(out), nonfinite)
+        return Generation(out, self.model.detokenize(out), nonfinite, first)

@@ -51,15 +51,18 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise DataError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8") from None
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{number}: not valid JSON ({e.msg})") from None
+            raise DataError(f"{path}:{number}: bad JSON: {e.msg} at column {e.colno}") from None
         if not isinstance(obj, dict):
-            raise DataError(f"{path}:{number}: expected a JSON object")
+            raise DataError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
         yield number, obj
 
 

@@ -68,6 +68,12 @@ class KVHook:
         # ctypes must keep this object alive as long as the llama context holds the pointer.
         self.callback = ll.ggml_backend_sched_eval_callback(self._eval)
 
+    def reseed(self, rng: np.random.Generator) -> None:
+        """Start a new noise stream, e.g. one per benchmark item, so that an item's noise does
+        not depend on which items ran before it."""
+        if self.error.random:
+            self.draws = Draws(self.error.draw, rng)
+
     @staticmethod
     def _node_name(component: str, layer: int) -> bytes:
         """The graph name of the final K or V of a layer in llama.cpp's model graphs."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -51,3 +52,33 @@ def test_generate_json_reports_text_and_realized_statistics(tiny_path):
     for key in ("values", "rel_err_mean", "rel_err_std", "sign_flip_frac", "snr_db"):
         assert key in noisy["realized"]["v"]
     assert isinstance(noisy["text"], str)
+
+
+def test_run_rejects_unknown_bench_and_ambiguous_data():
+    out = kvinject("run", "--bench", "mmlu")
+    assert out.returncode == 2 and "unknown bench 'mmlu'" in out.stderr
+    out = kvinject("run", "--bench", "ifeval", "--bench", "nexttoken", "--data", "x.txt")
+    assert out.returncode == 2 and "BENCH=PATH" in out.stderr
+
+
+def test_run_writes_json_records_and_aggregates(tiny_path, tmp_path):
+    output, csv = tmp_path / "out.json", tmp_path / "out.csv"
+    out = kvinject("run", "--bench", "nexttoken", "--error", "normal:0,0.5", "--runs", "2", "--limit", "4", "--model", str(tiny_path), "-o", str(output), "--csv", str(csv))
+    assert out.returncode == 0, out.stderr
+    assert "nexttoken" in out.stdout and "normal:0,0.5" in out.stdout
+    data = json.loads(output.read_text())
+    assert data["meta"]["model_sha256"] and data["meta"]["runs"] == 2 and data["meta"]["seed"] == 0
+    assert [(r["label"], r["run"]) for r in data["records"]] == [("none", 0), ("normal:0,0.5", 0), ("normal:0,0.5", 1)]
+    assert {a["metric"] for a in data["aggregates"]} >= {"accuracy", "mean_logprob", "diverged"}
+    assert csv.read_text().startswith("bench,label,metric")
+
+
+def test_score_checks_responses_generated_elsewhere(tmp_path):
+    fixtures = os.path.join(os.path.dirname(__file__), "fixtures", "ifeval")
+    verdicts = tmp_path / "verdicts.jsonl"
+    out = kvinject("score", "ifeval", "--data", os.path.join(fixtures, "input_data.jsonl"), "--responses", os.path.join(fixtures, "responses.jsonl"), "-o", str(verdicts), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert set(result) >= {"prompt_level_strict_acc", "inst_level_strict_acc", "prompt_level_loose_acc", "inst_level_loose_acc"}
+    lines = [json.loads(line) for line in verdicts.read_text().splitlines()]
+    assert len(lines) == result["scored"] and all("strict" in v and "loose" in v for v in lines)

@@ -34,3 +34,17 @@ def test_info_cache_sizes_match_the_estimate(smollm):
     assert sizes["f16"]["estimate_mib"] == pytest.approx(90.0)
     for name in ("f32", "f16", "q8_0", "q4_0"):
         assert sizes[name]["ratio"] == pytest.approx(1.0, abs=0.01), name
+
+
+def test_run_scores_the_three_benches_against_the_control(tmp_path):
+    output = tmp_path / "run.json"
+    out = kvinject(
+        "run", "--bench", "ifeval", "--bench", "nexttoken", "--bench", "perplexity", "--error", "normal:0,0.25",
+        "--runs", "2", "--limit", "3", "--max-tokens", "16", "--chunks", "2", "--ctx", "256", "-o", str(output),
+    )
+    assert out.returncode == 0, out.stderr
+    for title in ("ifeval: prompt_level_strict_acc", "nexttoken: accuracy", "perplexity: ppl"):
+        assert title in out.stdout
+    data = json.loads(output.read_text())
+    ppl = {a["label"]: a["mean"] for a in data["aggregates"] if a["bench"] == "perplexity" and a["metric"] == "ppl"}
+    assert ppl["normal:0,0.25"] > ppl["none"] > 1

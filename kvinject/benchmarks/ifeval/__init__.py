@@ -1,0 +1,27 @@
+"""IFEval (Zhou et al. 2023): instruction checkers and strict/loose scoring, standalone."""
+
+from kvinject.benchmarks.ifeval.instructions import INSTRUCTIONS, Instruction, build_instruction
+from kvinject.benchmarks.ifeval.scoring import (
+    IFEvalItem,
+    PromptVerdict,
+    exclude,
+    loose_variants,
+    metrics,
+    read_items,
+    read_responses,
+    score,
+)
+
+__all__ = [
+    "INSTRUCTIONS",
+    "IFEvalItem",
+    "Instruction",
+    "PromptVerdict",
+    "build_instruction",
+    "exclude",
+    "loose_variants",
+    "metrics",
+    "read_items",
+    "read_responses",
+    "score",
+]

@@ -1,0 +1,120 @@
+"""IFEval-style instruction following, with the study's protocol: the model's chat template,
+greedy decoding capped at --max-tokens (default 100), optional exclusion of instruction ids."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ...config import Configuration
+from ...data import bench_data, load_hf
+from ...model import Model
+from ..base import Benchmark, Progress, RunResult, divergence, runs_needed
+from .scoring import IFEvalItem, exclude, metrics, parse_items, read_items, score
+
+DEFAULT_DATA = "ifeval_style.jsonl"
+
+
+def load_items(data: str | None) -> list[IFEvalItem]:
+    """The bundled prompt set, an IFEval ``input_data.jsonl`` file, or ``hf:google/IFEval``."""
+    if data is not None and data.startswith("hf:"):
+        return parse_items((f"{data} row {i}", row) for i, row in enumerate(load_hf(data)))
+    return read_items(Path(data) if data is not None else bench_data(DEFAULT_DATA))
+
+
+class IFEval(Benchmark):
+    name = "ifeval"
+    summary = "IFEval-style instruction following (strict and loose, prompt and instruction level)."
+    primary = "prompt_level_strict_acc"
+    secondary = ("inst_level_strict_acc", "prompt_level_loose_acc", "diverged")
+    higher_is_better = {
+        "prompt_level_strict_acc": True,
+        "inst_level_strict_acc": True,
+        "prompt_level_loose_acc": True,
+        "inst_level_loose_acc": True,
+        "diverged": False,
+    }
+    binary = frozenset({"prompt_level_strict_acc", "prompt_level_loose_acc"})
+
+    def __init__(
+        self,
+        data: str | None = None,
+        limit: int | None = None,
+        max_tokens: int = 100,
+        temperature: float = 0.0,
+        exclude_ids: tuple[str, ...] = (),
+        n_ctx: int = 2048,
+    ):
+        self.data = data
+        items = exclude(load_items(data), exclude_ids) if exclude_ids else load_items(data)
+        self.items = items[:limit] if limit is not None else items
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.exclude_ids = tuple(exclude_ids)
+        self.n_ctx = n_ctx
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def settings(self) -> dict[str, object]:
+        return {
+            "data": self.data or f"bundled:{DEFAULT_DATA}",
+            "items": len(self),
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "exclude_instructions": list(self.exclude_ids),
+            "chat_template": True,
+        }
+
+    def work(self, configs: list[Configuration], runs: int) -> int:
+        return len(self) * sum(runs_needed(c, runs, self.temperature) for c in configs)
+
+    def evaluate(self, model: Model, configs: list[Configuration], runs: int, seed: int, progress: Progress) -> Iterator[RunResult]:
+        prompts = [model.tokenize(model.chat_prompt(item.prompt), parse_special=True) for item in self.items]
+        control: list[list[int]] | None = None
+        for config in configs:
+            for run in range(runs_needed(config, runs, self.temperature)):
+                result = self._run(model, config, run, seed, prompts, control, progress)
+                if control is None:
+                    control = result.outputs
+                yield result
+
+    def _run(self, model, config, run, seed, prompts, control, progress) -> RunResult:
+        start = time.perf_counter()
+        verdicts, outputs, texts = [], [], []
+        nonfinite = tokens = 0
+        with model.context(config.cache, config.error, config.target, seed=seed, run=run, n_ctx=self.n_ctx) as ctx:
+            for i, (item, prompt) in enumerate(zip(self.items, prompts)):
+                ctx.begin_item(i)
+                gen = ctx.generate(prompt, self.max_tokens, self.temperature)
+                verdicts.append(score(item, gen.text))
+                outputs.append(gen.tokens)
+                texts.append(gen.text)
+                nonfinite += gen.nonfinite_steps > 0
+                tokens += len(prompt) + len(gen.tokens)
+                progress(1)
+            realized = ctx.realized
+        items = {
+            "prompt_level_strict_acc": [float(v.follow_all_strict) for v in verdicts],
+            "prompt_level_loose_acc": [float(v.follow_all_loose) for v in verdicts],
+            "inst_level_strict_acc": [float(np.mean(v.strict)) for v in verdicts],
+            "inst_level_loose_acc": [float(np.mean(v.loose)) for v in verdicts],
+        }
+        return RunResult(
+            self.name,
+            config,
+            run,
+            metrics(verdicts),
+            items,
+            realized,
+            nonfinite,
+            time.perf_counter() - start,
+            tokens,
+            divergence(control, outputs) if control is not None else {},
+            outputs,
+            texts,
+        )

@@ -1,0 +1,164 @@
+"""Perplexity computed as llama.cpp's llama-perplexity computes it, so the numbers compare.
+
+The text is tokenized once (special tokens added as the model asks, not parsed), cut into
+chunks of n_ctx tokens (the first replaced by BOS when the model adds one), each chunk is
+evaluated from an empty cache, and only its second half is scored: positions n_ctx/2 to
+n_ctx-2 predicting the next token. PPL = exp(mean NLL) over all scored tokens.
+
+Against the control's logits, computed in the same invocation and held one chunk at a time
+(never written to disk), it also reports llama-perplexity --kl-divergence's statistics:
+mean KL divergence, "same top p" (argmax agreement) and RMS Δp (difference of the
+probability of the correct token).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Iterator
+
+import numpy as np
+from llama_cpp import llama_cpp as ll
+
+from ..config import Configuration
+from ..data import read_text
+from ..exceptions import DataError
+from ..model import Model
+from .base import Benchmark, Progress, RunResult, runs_needed
+from .nexttoken import log_softmax
+
+
+class _Tally:
+    """Running sums of one (configuration, run) over chunks."""
+
+    def __init__(self) -> None:
+        self.chunk_nll: list[float] = []
+        self.chunk_kld: list[float] = []
+        self.nll = self.nll2 = 0.0
+        self.count = 0
+        self.kld = 0.0
+        self.same_top = 0
+        self.dp2 = 0.0
+        self.compared = 0
+        self.nonfinite = 0
+        self.seconds = 0.0
+
+
+class Perplexity(Benchmark):
+    name = "perplexity"
+    summary = "Perplexity as llama-perplexity computes it, plus KL divergence, same-top-p and RMS Δp against the control."
+    primary = "ppl"
+    secondary = ("kld", "same_top_p", "rms_dp")
+    # PPL is exp of the mean NLL over equal-sized chunks: its item-level CI and paired test
+    # come from the per-chunk mean NLL.
+    proxies = {"ppl": ("mean_nll", math.exp)}
+    higher_is_better = {"ppl": False, "mean_nll": False, "kld": False, "same_top_p": True, "rms_dp": False}
+
+    def __init__(self, data: str | None = None, chunks: int | None = None, n_ctx: int = 512):
+        if n_ctx < 8:
+            raise DataError(f"perplexity needs --ctx of at least 8 tokens, got {n_ctx}")
+        self.data = data
+        self.text = read_text(data, "encyclopedia")
+        self.chunks = chunks
+        self.n_ctx = n_ctx
+        self._n_chunk: int | None = None
+
+    def __len__(self) -> int:
+        return self._n_chunk if self._n_chunk is not None else (self.chunks or 0)
+
+    @property
+    def settings(self) -> dict[str, object]:
+        return {"data": self.data or "bundled:encyclopedia", "ctx": self.n_ctx, "chunks": len(self), "scored_per_chunk": self.n_ctx - 1 - self.n_ctx // 2}
+
+    def tokens(self, model: Model) -> list[int]:
+        tokens = model.tokenize(self.text, add_special=True, parse_special=False)
+        if len(tokens) < 2 * self.n_ctx:
+            raise DataError(f"{self.data or 'the corpus'} has {len(tokens)} tokens; perplexity at --ctx {self.n_ctx} needs at least {2 * self.n_ctx}")
+        n_max = len(tokens) // self.n_ctx
+        self._n_chunk = min(self.chunks, n_max) if self.chunks else n_max
+        return tokens
+
+    def work(self, configs: list[Configuration], runs: int) -> int:
+        return len(self) * sum(runs_needed(c, runs) for c in configs)
+
+    def evaluate(self, model: Model, configs: list[Configuration], runs: int, seed: int, progress: Progress) -> Iterator[RunResult]:
+        tokens = self.tokens(model)
+        n_ctx, first = self.n_ctx, self.n_ctx // 2
+        add_bos = ll.llama_vocab_get_add_bos(model.vocab)
+        jobs = [(config, run) for config in configs for run in range(runs_needed(config, runs))]
+        tallies = [_Tally() for _ in jobs]
+        contexts = [model.context(c.cache, c.error, c.target, seed=seed, run=r, n_ctx=n_ctx, n_batch=n_ctx) for c, r in jobs]
+        try:
+            for chunk in range(len(self)):
+                piece = tokens[chunk * n_ctx : (chunk + 1) * n_ctx]
+                if add_bos:
+                    piece[0] = model.bos
+                targets = np.array(piece[first + 1 :])
+                base = None  # the control's log-probabilities for this chunk
+                for ctx, tally in zip(contexts, tallies):
+                    start = time.perf_counter()
+                    ctx.begin_item(chunk)
+                    ctx.clear()
+                    ctx.decode([(t, pos, 0, pos >= first) for pos, t in enumerate(piece)])
+                    logp = log_softmax(ctx.output_logits(n_ctx - first)[:-1])
+                    base = self._score(tally, logp, targets, base)
+                    tally.seconds += time.perf_counter() - start
+                    progress(1)
+        finally:
+            for ctx in contexts:
+                ctx.close()
+        for (config, run), tally, ctx in zip(jobs, tallies, contexts):
+            yield self._result(config, run, tally, ctx)
+
+    @staticmethod
+    def _score(tally: _Tally, logp: np.ndarray, targets: np.ndarray, base: np.ndarray | None) -> np.ndarray:
+        rows = np.arange(len(targets))
+        nll = -logp[rows, targets]
+        if not np.isfinite(logp).all():
+            tally.nonfinite += 1
+            tally.chunk_nll.append(math.nan)
+            tally.chunk_kld.append(math.nan)
+            return base if base is not None else logp
+        tally.nll += float(nll.sum())
+        tally.nll2 += float(np.dot(nll, nll))
+        tally.count += len(nll)
+        tally.chunk_nll.append(float(nll.mean()))
+        if base is None:  # this is the control
+            tally.chunk_kld.append(math.nan)
+            return logp
+        kld = (np.exp(base) * (base - logp)).sum(axis=1)
+        tally.kld += float(kld.sum())
+        tally.chunk_kld.append(float(kld.mean()))
+        tally.same_top += int(np.count_nonzero(base.argmax(axis=1) == logp.argmax(axis=1)))
+        dp = np.exp(logp[rows, targets]) - np.exp(base[rows, targets])
+        tally.dp2 += float(np.dot(dp, dp))
+        tally.compared += len(targets)
+        return base
+
+    def _result(self, config: Configuration, run: int, tally: _Tally, ctx) -> RunResult:
+        n = tally.count
+        mean = tally.nll / n if n else math.nan
+        ppl = math.exp(mean) if n else math.nan
+        var = tally.nll2 / n - mean * mean if n else math.nan
+        metrics = {
+            "ppl": ppl,
+            "ppl_err": ppl * math.sqrt(var / (n - 1)) if n > 1 and var > 0 else math.nan,
+            "mean_nll": mean,
+        }
+        if tally.compared:
+            metrics.update(
+                kld=tally.kld / tally.compared,
+                same_top_p=tally.same_top / tally.compared,
+                rms_dp=math.sqrt(tally.dp2 / tally.compared),
+            )
+        return RunResult(
+            self.name,
+            config,
+            run,
+            metrics,
+            {"mean_nll": tally.chunk_nll, "kld": tally.chunk_kld},
+            ctx.realized,
+            tally.nonfinite,
+            tally.seconds,
+            len(tally.chunk_nll) * self.n_ctx,
+        )

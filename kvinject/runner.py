@@ -1,0 +1,119 @@
+"""Run benchmarks under the control and each configuration; aggregate with honest statistics."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from . import __version__
+from .benchmarks.base import Benchmark, RunResult
+from .config import Configuration
+from .model import Model, versions
+from .stats import across_runs, bootstrap_ci, compare_to_control, percent_of_control
+
+# progress(bench, total) -> advance(n): a progress bar per benchmark.
+ProgressFactory = Callable[[Benchmark, int], Callable[[int], None]]
+
+
+@dataclass
+class Report:
+    """Everything one ``kvinject run`` produced: settings, one record per (bench, config, run),
+    and the aggregates per (bench, config, metric)."""
+
+    meta: dict[str, object]
+    results: list[RunResult] = field(default_factory=list)
+    benches: dict[str, Benchmark] = field(default_factory=dict)
+    interrupted: bool = False
+
+    def aggregates(self) -> list[dict[str, object]]:
+        out = []
+        for name, bench in self.benches.items():
+            out += aggregate(bench, [r for r in self.results if r.bench == name])
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "meta": {**self.meta, "interrupted": self.interrupted},
+            "records": [r.to_dict() for r in self.results],
+            "aggregates": self.aggregates(),
+        }
+
+
+def run(
+    model: Model,
+    benches: list[Benchmark],
+    configs: list[Configuration],
+    runs: int = 5,
+    seed: int = 0,
+    progress: ProgressFactory | None = None,
+) -> Iterator[RunResult]:
+    """Evaluate every bench under ``configs`` (the control first); yields results as they finish."""
+    for bench in benches:
+        advance = progress(bench, bench.work(configs, runs)) if progress else (lambda n: None)
+        yield from bench.evaluate(model, configs, runs, seed, advance)
+
+
+def metadata(model: Model, benches: list[Benchmark], configs: list[Configuration], runs: int, seed: int, settings: dict[str, object]) -> dict[str, object]:
+    return {
+        "kvinject": __version__,
+        **versions(),
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": str(model.path),
+        "model_sha256": model.sha256,
+        "model_description": model.description,
+        "runs": runs,
+        "seed": seed,
+        "threads": model.backend.n_threads,
+        "n_gpu_layers": model.n_gpu_layers,
+        "configurations": [{"label": c.label, **c.to_dict()} for c in configs],
+        "benches": {b.name: b.settings for b in benches},
+        **settings,
+    }
+
+
+def _matrix(results: list[RunResult], metric: str) -> np.ndarray | None:
+    rows = [r.items[metric] for r in results if metric in r.items]
+    return np.array(rows, dtype=np.float64) if rows and len(rows) == len(results) else None
+
+
+def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, object]]:
+    """Per configuration and metric: across-run mean/std/t-CI, across-item bootstrap CI,
+    percent of control and a paired test against the control (items are the unit)."""
+    groups: dict[str, list[RunResult]] = {}
+    for r in results:
+        groups.setdefault(r.config.label, []).append(r)
+    if not groups:
+        return []
+    control_label, control = next(iter(groups.items()))
+    out = []
+    for label, group in groups.items():
+        metrics = list(dict.fromkeys(k for r in group for k in (*r.metrics, *r.extra)))
+        for metric in metrics:
+            values = [r.metrics.get(metric, r.extra.get(metric, math.nan)) for r in group]
+            summary = across_runs(values)
+            control_values = [r.metrics.get(metric, math.nan) for r in control]
+            control_mean = float(np.nanmean(control_values)) if np.isfinite(control_values).any() else math.nan
+            item_metric, transform = bench.proxies.get(metric, (metric, None))
+            matrix = _matrix(group, item_metric)
+            boot = bootstrap_ci(matrix) if matrix is not None else None
+            if boot is not None and transform is not None:
+                boot = tuple(transform(x) for x in boot)
+            row: dict[str, object] = {
+                "bench": bench.name,
+                "label": label,
+                "metric": metric,
+                **summary.to_dict(),
+                "bootstrap_ci": list(boot) if boot is not None else None,
+                "percent_of_control": percent_of_control(summary.mean, control_mean),
+                "nonfinite_items": sum(r.nonfinite_items for r in group),
+                "test": None,
+            }
+            control_matrix = _matrix(control, item_metric)
+            if label != control_label and matrix is not None and control_matrix is not None and np.isfinite(control_matrix).any():
+                row["test"] = compare_to_control(control_matrix, matrix, binary=item_metric in bench.binary).to_dict()
+            out.append(row)
+    return out

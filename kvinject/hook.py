@@ -52,6 +52,7 @@ class KVHook:
         self.site_counts: Counter[tuple[str, int]] = Counter()  # (component, layer) -> cache writes perturbed
         self._expected = {(c, il) for il in range(n_layer) for c in "kv" if target.wants(c, il)}
         self._names = {self._node_name(c, il): (c, il) for c, il in self._expected}
+        self._prefixes = {int.from_bytes(name[:4].ljust(4, b"\0"), "little") for name in self._names}
         self._learning = False
         self._learned: dict[bytes, list[int]] = {}  # name -> op ending each of its runs
         self._final_op: dict[bytes, int] = {}  # name -> op of the node the cache reads
@@ -60,7 +61,7 @@ class KVHook:
         self._run_name: bytes | None = None  # name of the current run of wanted nodes
         self._run_last = 0  # latest node of that run the scheduler asked about
         self._computed = 0  # latest claimed node whose data is ready
-        self._views: dict[tuple[int, int], np.ndarray] = {}
+        self._host_rows: dict[tuple[int, int, int, int], np.ndarray] = {}
         self._staged: dict[str, list[np.ndarray]] = {"k": [], "v": []}
         self._decode_hits: Counter[tuple[str, int]] = Counter()
         self._error: BaseException | None = None
@@ -85,6 +86,9 @@ class KVHook:
             if not ask:
                 self._computed = t
                 return True
+            # Most nodes are neither K nor V: tell from the first four bytes of the name.
+            if ctypes.c_uint32.from_address(t + ggml.NAME_OFFSET).value not in self._prefixes and self._run_name is None:
+                return False
             name = ctypes.string_at(t + ggml.NAME_OFFSET)
             if name != self._run_name:
                 if self._run_name is not None:
@@ -139,36 +143,39 @@ class KVHook:
         self._final_op = {name: ops[-1] for name, ops in self._learned.items()}
 
     def _perturb(self, ptr: int, component: str) -> None:
+        t = ggml.tensor(ptr)
+        x = self._host_rows.get((ptr, t.data, t.ne[2], t.ne[3]))
+        if x is None:
+            x = self._rows(ptr, t, component)
+        if isinstance(x, np.ndarray):  # host memory: change it in place
+            before = x.copy()
+            self.error.apply(x, self.draws)
+            after = x.copy()
+        else:  # device memory: copy out and back
+            after = np.empty(x, dtype=np.float32)
+            ggml.lib().ggml_backend_tensor_get(ptr, after.ctypes.data, 0, after.nbytes)
+            before = after.copy()
+            self.error.apply(after, self.draws)
+            ggml.lib().ggml_backend_tensor_set(ptr, after.ctypes.data, 0, after.nbytes)
+        self._staged[component] += (before, after)
+
+    def _rows(self, ptr: int, t: ggml.GgmlTensor, component: str) -> np.ndarray | tuple[int, int]:
+        """Check a tensor once per graph node and buffer: a (rows, row) float32 view of host
+        memory, or the (rows, row) shape of device memory."""
         if not self._checked_layout:
             ggml.check_layout(ptr)
             self._checked_layout = True
-        t = ggml.tensor(ptr)
         if t.type != ggml.GGML_TYPE_F32 or not ggml.lib().ggml_is_contiguous(ptr):
             raise ModelError(f"'{t.name.decode()}' is not a contiguous f32 tensor; kvinject cannot perturb it")
         n, row = ggml.numel(t), self.row[component]
         if n % row:
             raise ModelError(f"'{t.name.decode()}' has {n} values, not a whole number of {row}-value rows")
-        if ggml.lib().ggml_backend_buffer_is_host(t.buffer):
-            x = self._host_view(t.data, n).reshape(-1, row)
-            before = x.copy()
-            self.error.apply(x, self.draws)
-            after = x.copy()
-        else:
-            x = np.empty((n // row, row), dtype=np.float32)
-            ggml.lib().ggml_backend_tensor_get(ptr, x.ctypes.data, 0, x.nbytes)
-            before = x.copy()
-            self.error.apply(x, self.draws)
-            ggml.lib().ggml_backend_tensor_set(ptr, x.ctypes.data, 0, x.nbytes)
-            after = x
-        self._staged[component] += (before, after)
-
-    def _host_view(self, data: int, n: int) -> np.ndarray:
-        # The scheduler reuses its compute buffers, so the same (address, size) recurs.
-        view = self._views.get((data, n))
-        if view is None:
-            view = np.frombuffer((ctypes.c_float * n).from_address(data), dtype=np.float32)
-            self._views[data, n] = view
-        return view
+        if not ggml.lib().ggml_backend_buffer_is_host(t.buffer):
+            return (n // row, row)
+        # The scheduler reuses its graph nodes and compute buffers, so the same key recurs.
+        x = np.frombuffer((ctypes.c_float * n).from_address(t.data), dtype=np.float32).reshape(-1, row)
+        self._host_rows[ptr, t.data, t.ne[2], t.ne[3]] = x
+        return x
 
     def finish_decode(self) -> None:
         """Call after each llama_decode: re-raises errors from the callback, checks that every

@@ -8,6 +8,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 
+def sumsq(x: np.ndarray) -> float:
+    """Sum of squares in float64 without BLAS: OpenBLAS threads left spinning after a dot
+    product compete with llama.cpp's threads for the cores and halve decode speed."""
+    return float(np.square(x, dtype=np.float64).sum())
+
+
 @dataclass
 class RealizedStats:
     """Running sums over every component written to the cache for one of K or V.
@@ -39,15 +45,15 @@ class RealizedStats:
         if n_finite < b.size:
             b, a = b[finite], a[finite]
         diff = a - b
-        self.signal += float(np.dot(b.astype(np.float64), b))
-        self.noise += float(np.dot(diff.astype(np.float64), diff))
+        self.signal += sumsq(b)
+        self.noise += sumsq(diff)
         if np.count_nonzero(b) < b.size:
             nonzero = b != 0
             b, a, diff = b[nonzero], a[nonzero], diff[nonzero]
         rel = diff / b
         self.rel_n += rel.size
         self.rel_sum += float(rel.sum(dtype=np.float64))
-        self.rel_sumsq += float(np.dot(rel.astype(np.float64), rel))
+        self.rel_sumsq += sumsq(rel)
         self.sign_flips += int(np.count_nonzero(a * b < 0))  # a value rounded to zero is no flip
 
     def merge(self, other: RealizedStats) -> None:

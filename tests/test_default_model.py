@@ -8,6 +8,8 @@ import pytest
 
 from kvinject.info import gather
 
+from .conftest import SHARED
+
 from .test_cli import kvinject
 
 pytestmark = pytest.mark.slow
@@ -48,3 +50,19 @@ def test_run_scores_the_three_benches_against_the_control(tmp_path):
     data = json.loads(output.read_text())
     ppl = {a["label"]: a["mean"] for a in data["aggregates"] if a["bench"] == "perplexity" and a["metric"] == "ppl"}
     assert ppl["normal:0,0.25"] > ppl["none"] > 1
+
+
+WIKITEXT = SHARED / "data/wikitext-2-raw/wiki.test.raw"
+
+
+@pytest.mark.skipif(not WIKITEXT.exists(), reason="../shared/data not present")
+def test_perplexity_agrees_with_llama_perplexity(smollm):
+    """llama-perplexity -c 128 --chunks 16 -b 128 -t 2 on wiki.test.raw printed
+    'Final estimate: PPL = 35.0054 +/- 3.62590' for this model (docs/perplexity.md)."""
+    from kvinject.benchmarks import Perplexity
+    from kvinject.config import Configuration
+    from kvinject.runner import run
+
+    (result,) = run(smollm, [Perplexity(str(WIKITEXT), chunks=16, n_ctx=128)], [Configuration()], runs=1)
+    assert result.metrics["ppl"] == pytest.approx(35.0054, rel=0.005)
+    assert result.metrics["ppl_err"] == pytest.approx(3.62590, rel=0.005)

@@ -24,6 +24,7 @@ from ..config import Configuration
 from ..data import read_text
 from ..exceptions import DataError
 from ..model import Model
+from ..realized import sumsq
 from .base import Benchmark, Progress, RunResult, runs_needed
 from .nexttoken import log_softmax
 
@@ -120,7 +121,7 @@ class Perplexity(Benchmark):
             tally.chunk_kld.append(math.nan)
             return base if base is not None else logp
         tally.nll += float(nll.sum())
-        tally.nll2 += float(np.dot(nll, nll))
+        tally.nll2 += sumsq(nll)
         tally.count += len(nll)
         tally.chunk_nll.append(float(nll.mean()))
         if base is None:  # this is the control
@@ -131,7 +132,7 @@ class Perplexity(Benchmark):
         tally.chunk_kld.append(float(kld.mean()))
         tally.same_top += int(np.count_nonzero(base.argmax(axis=1) == logp.argmax(axis=1)))
         dp = np.exp(logp[rows, targets]) - np.exp(base[rows, targets])
-        tally.dp2 += float(np.dot(dp, dp))
+        tally.dp2 += sumsq(dp)
         tally.compared += len(targets)
         return base
 

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
 from .config import Configuration
@@ -179,7 +180,7 @@ def run_command(
 
     Example: kvinject run --bench ifeval --bench nexttoken --error normal:0,0.25 --error none@q8_0 --runs 5
     """
-    from .benchmarks import BENCHMARKS
+    from .benchmarks import BENCHMARKS, make_bench
     from .runner import Report, metadata
     from .runner import run as run_benches
 
@@ -195,12 +196,8 @@ def run_command(
     configs = [Configuration.parse(control, cache=cache)] + [Configuration.parse(e, tgt, cache) for e in error or []]
     data_for = _bench_data(bench, data or [])
     excluded = tuple(i.strip() for group in exclude_instructions or [] for i in group.split(",") if i.strip())
-    options = {
-        "ifeval": lambda: BENCHMARKS["ifeval"](data_for.get("ifeval"), limit, max_tokens, temperature, excluded, ctx or 2048),
-        "nexttoken": lambda: BENCHMARKS["nexttoken"](data_for.get("nexttoken"), limit),
-        "perplexity": lambda: BENCHMARKS["perplexity"](data_for.get("perplexity"), chunks or limit, ctx or 512),
-    }
-    benches = [options[name]() for name in dict.fromkeys(bench)]
+    options = {"data": None, "limit": limit, "max_tokens": max_tokens, "temperature": temperature, "exclude_instructions": excluded, "ctx": ctx, "chunks": chunks}
+    benches = [make_bench(name, {**options, "data": data_for.get(name)}) for name in dict.fromkeys(bench)]
     with _load(model, n_gpu_layers, threads, verbose) as m:
         report = Report(metadata(m, benches, configs, runs, seed, {"cache": cache.to_dict()}), benches={b.name: b for b in benches})
         with _progress() as progress:
@@ -254,6 +251,88 @@ def _progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(TextColumn("{task.description:<11}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+
+
+@app.command()
+def sweep(
+    grid: Annotated[Path, typer.Argument(help="Grid file (TOML, see docs/grid-format.md).")],
+    store: Annotated[Optional[Path], typer.Option("--store", help="Results store (SQLite). Default: GRID.results.sqlite, or GRID.shardIofN.results.sqlite.")] = None,
+    shard: Annotated[Optional[str], typer.Option("--shard", help="Run a deterministic 1/n of the cells: i/n, e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the expanded cells, what is left to run and a time estimate; run nothing.")] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run every cell of a grid into a results store. Safe to interrupt: finished runs are kept,
+    and running the same command again does only what is missing."""
+    from .grid import load_grid
+    from .model import set_verbose
+    from .store import Store
+    from .sweep import Sweep, default_store, parse_shard
+
+    set_verbose(verbose)
+    parsed_shard = parse_shard(shard) if shard else None
+    g = load_grid(grid)
+    store_path = store or default_store(grid, parsed_shard)
+    if dry_run and not store_path.exists():
+        store_path = Path(":memory:")  # nothing done yet; do not create the store
+    with Store(store_path) as s:
+        sw = Sweep(g, s, parsed_shard)
+        planned = sw.plan()
+        left = [p for p in planned if p.runs]
+        if dry_run:
+            table = Table()
+            for col in ("model", "bench", "configuration", "seed", "runs left"):
+                table.add_column(col)
+            for p in planned:
+                table.add_row(p.cell.model, p.cell.bench, p.cell.config.label + (" (control)" if p.cell.control else ""), str(p.cell.seed), str(len(p.runs)))
+            console.print(table)
+            minutes = sw.estimate_seconds(left) / 60
+            print(f"{grid}: {len(planned)} cells{f' (shard {shard})' if shard else ''}, {sum(len(p.runs) for p in left)} runs left")
+            print(f"estimate: about {minutes:.0f} min on 2 CPU cores with the default model (docs/performance.md)")
+            print(f"store: {store or default_store(grid, parsed_shard)}")
+            return
+        resume = f"kvinject sweep {grid}" + (f" --shard {shard}" if shard else "") + (f" --store {store}" if store else "")
+        try:
+            with _progress() as progress:
+                written = sw.run(lambda name, total: (lambda task: (lambda n: progress.advance(task, n)))(progress.add_task(name, total=total)))
+        except KeyboardInterrupt:
+            Console(stderr=True).print(f"[yellow]interrupted: every finished run is in {store_path}; resume with: {resume}")
+            raise typer.Exit(130)
+    console.print(f"{written} runs written to {store_path}; report with: kvinject report {store_path}")
+
+
+@app.command()
+def report(
+    stores: Annotated[list[Path], typer.Argument(help="Results stores written by kvinject sweep (shards are merged).")],
+    output_format: Annotated[str, typer.Option("--format", help="table, markdown, csv, json or latex.")] = "table",
+    filters: Annotated[Optional[list[str]], typer.Option("--filter", help="Keep records whose setting KEY equals VALUE, e.g. bench=ifeval, target=k, cache_v=q8_0.")] = None,
+    all_metrics: Annotated[bool, typer.Option("--all-metrics", help="Every metric, not only each bench's primary one.")] = False,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw degradation curves to this PNG (needs matplotlib).")] = None,
+) -> None:
+    """Merge results stores and print the study-style table: score, CIs, percent of control and
+    the paired test, per bench and configuration."""
+    from .report import FORMATS, load_records, matches, render, study_table, summarize
+    from .report import plot as draw
+
+    if output_format not in FORMATS:
+        raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")
+    records = [r for r in load_records(stores) if matches(r, filters or [])]
+    if not records:
+        raise KvinjectError("no records match")
+    df = summarize(records)
+    table = df if all_metrics else study_table(df)
+    if output_format == "table":
+        t = Table(title=f"{len(records)} runs from {len(stores)} store(s)")
+        shown = table.drop(columns=[c for c in ("test", "bootstrap_ci") if c in table.columns])
+        for col in shown.columns:
+            t.add_column(str(col), justify="left" if col in ("model", "bench", "metric", "configuration", "label") else "right", no_wrap=col == "configuration")
+        for row in shown.itertuples(index=False):
+            t.add_row(*(_fmt(v, ".4g") if isinstance(v, float) else str(v) for v in row))
+        console.print(t)
+    else:
+        print(render(table, output_format))
+    if plot:
+        draw(df, plot)
+        Console(stderr=True).print(f"plot written to {plot}")
 
 
 @app.command()
@@ -332,5 +411,5 @@ def main() -> None:
     try:
         app()
     except KvinjectError as e:
-        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
+        Console(stderr=True).print("[bold red]error:[/]", Text(str(e)), highlight=False)
         sys.exit(2)

@@ -120,6 +120,14 @@ def _from_hub(ref: str) -> Path:
         raise ModelError(f"could not get hf:{ref} from the Hugging Face Hub: {e}") from e
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 class Model:
     """A GGUF model loaded into llama.cpp. Contexts with hooks are made by ``Model.context``."""
 
@@ -204,11 +212,7 @@ class Model:
 
     @cached_property
     def sha256(self) -> str:
-        digest = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        return digest.hexdigest()
+        return file_sha256(self.path)
 
     @property
     def bos(self) -> int:

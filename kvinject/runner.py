@@ -53,8 +53,10 @@ def run(
 ) -> Iterator[RunResult]:
     """Evaluate every bench under ``configs`` (the control first); yields results as they finish."""
     for bench in benches:
-        advance = progress(bench, bench.work(configs, runs)) if progress else (lambda n: None)
-        yield from bench.evaluate(model, configs, runs, seed, advance)
+        bench.prepare(model)
+        plan = bench.plan(configs, runs)
+        advance = progress(bench, bench.work(plan)) if progress else (lambda n: None)
+        yield from bench.evaluate(model, plan, seed, advance)
 
 
 def metadata(model: Model, benches: list[Benchmark], configs: list[Configuration], runs: int, seed: int, settings: dict[str, object]) -> dict[str, object]:

@@ -49,10 +49,8 @@ class RunResult:
         }
 
 
-def runs_needed(config: Configuration, runs: int, temperature: float = 0.0) -> int:
-    """A configuration with no randomness (greedy decoding, no random error) gives the same
-    result every run: evaluate it once rather than report copies as independent runs."""
-    return runs if config.error.random or temperature > 0 else 1
+# Which runs of which configuration to evaluate; the first entry is the control.
+Plan = list[tuple[Configuration, list[int]]]
 
 
 class Benchmark(ABC):
@@ -71,13 +69,26 @@ class Benchmark(ABC):
     def __len__(self) -> int:
         """Number of items."""
 
-    @abstractmethod
-    def work(self, configs: list[Configuration], runs: int) -> int:
+    temperature: float = 0.0
+
+    def runs_needed(self, config: Configuration, runs: int) -> int:
+        """A configuration with no randomness (greedy decoding, no random error) gives the same
+        result every run: evaluate it once rather than report copies as independent runs."""
+        return runs if config.error.random or self.temperature > 0 else 1
+
+    def plan(self, configs: list[Configuration], runs: int) -> Plan:
+        return [(c, list(range(self.runs_needed(c, runs)))) for c in configs]
+
+    def prepare(self, model: Model) -> None:
+        """Model-dependent set-up (tokenizing a corpus) before ``work`` is asked."""
+
+    def work(self, plan: Plan) -> int:
         """Progress units that ``evaluate`` will report."""
+        return len(self) * sum(len(runs) for _, runs in plan)
 
     @abstractmethod
-    def evaluate(self, model: Model, configs: list[Configuration], runs: int, seed: int, progress: Progress) -> Iterator[RunResult]:
-        """Evaluate the control (``configs[0]``) and every other configuration."""
+    def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress) -> Iterator[RunResult]:
+        """Evaluate the planned runs; the control (``plan[0]``) first."""
 
     @property
     def settings(self) -> dict[str, object]:

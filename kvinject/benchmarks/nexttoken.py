@@ -15,11 +15,10 @@ from typing import Iterator
 
 import numpy as np
 
-from ..config import Configuration
 from ..data import read_text
 from ..exceptions import DataError
 from ..model import Model
-from .base import Benchmark, Progress, RunResult, divergence, nanmean, runs_needed
+from .base import Benchmark, Plan, Progress, RunResult, divergence, nanmean
 
 # WikiText marks intra-word hyphens and number separators as " @-@ ", " @,@ ", " @.@ ".
 _WIKITEXT_JOINS = re.compile(r" @([-,.])@ ")
@@ -83,15 +82,12 @@ class NextToken(Benchmark):
     def settings(self) -> dict[str, object]:
         return {"data": self.data or "bundled:encyclopedia", "items": len(self), "words": 10}
 
-    def work(self, configs: list[Configuration], runs: int) -> int:
-        return len(self) * sum(runs_needed(c, runs) for c in configs)
-
-    def evaluate(self, model: Model, configs: list[Configuration], runs: int, seed: int, progress: Progress) -> Iterator[RunResult]:
+    def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress) -> Iterator[RunResult]:
         prompts = [model.tokenize(s.prompt) for s in self.snippets]
         targets = [model.tokenize(" " + s.target, add_special=False, parse_special=False)[0] for s in self.snippets]
         control_tokens: list[list[int]] | None = None
-        for config in configs:
-            for run in range(runs_needed(config, runs)):
+        for config, runs in plan:
+            for run in runs:
                 result = self._run(model, config, run, seed, prompts, targets, control_tokens, progress)
                 control_tokens = control_tokens or result.outputs
                 yield result

@@ -25,7 +25,7 @@ from ..data import read_text
 from ..exceptions import DataError
 from ..model import Model
 from ..realized import sumsq
-from .base import Benchmark, Progress, RunResult, runs_needed
+from .base import Benchmark, Plan, Progress, RunResult
 from .nexttoken import log_softmax
 
 
@@ -63,6 +63,7 @@ class Perplexity(Benchmark):
         self.chunks = chunks
         self.n_ctx = n_ctx
         self._n_chunk: int | None = None
+        self._tokens: list[int] | None = None
 
     def __len__(self) -> int:
         return self._n_chunk if self._n_chunk is not None else (self.chunks or 0)
@@ -70,6 +71,9 @@ class Perplexity(Benchmark):
     @property
     def settings(self) -> dict[str, object]:
         return {"data": self.data or "bundled:encyclopedia", "ctx": self.n_ctx, "chunks": len(self), "scored_per_chunk": self.n_ctx - 1 - self.n_ctx // 2}
+
+    def prepare(self, model: Model) -> None:
+        self._tokens = self.tokens(model)
 
     def tokens(self, model: Model) -> list[int]:
         tokens = model.tokenize(self.text, add_special=True, parse_special=False)
@@ -79,14 +83,11 @@ class Perplexity(Benchmark):
         self._n_chunk = min(self.chunks, n_max) if self.chunks else n_max
         return tokens
 
-    def work(self, configs: list[Configuration], runs: int) -> int:
-        return len(self) * sum(runs_needed(c, runs) for c in configs)
-
-    def evaluate(self, model: Model, configs: list[Configuration], runs: int, seed: int, progress: Progress) -> Iterator[RunResult]:
-        tokens = self.tokens(model)
+    def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress) -> Iterator[RunResult]:
+        tokens = self._tokens if self._tokens is not None else self.tokens(model)
         n_ctx, first = self.n_ctx, self.n_ctx // 2
         add_bos = ll.llama_vocab_get_add_bos(model.vocab)
-        jobs = [(config, run) for config in configs for run in range(runs_needed(config, runs))]
+        jobs = [(config, run) for config, runs in plan for run in runs]
         tallies = [_Tally() for _ in jobs]
         contexts = [model.context(c.cache, c.error, c.target, seed=seed, run=r, n_ctx=n_ctx, n_batch=n_ctx) for c, r in jobs]
         try:

@@ -9,10 +9,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ...config import Configuration
 from ...data import bench_data, load_hf
 from ...model import Model
-from ..base import Benchmark, Progress, RunResult, divergence, runs_needed
+from ..base import Benchmark, Plan, Progress, RunResult, divergence
 from .scoring import IFEvalItem, exclude, metrics, parse_items, read_items, score
 
 DEFAULT_DATA = "ifeval_style.jsonl"
@@ -70,14 +69,11 @@ class IFEval(Benchmark):
             "chat_template": True,
         }
 
-    def work(self, configs: list[Configuration], runs: int) -> int:
-        return len(self) * sum(runs_needed(c, runs, self.temperature) for c in configs)
-
-    def evaluate(self, model: Model, configs: list[Configuration], runs: int, seed: int, progress: Progress) -> Iterator[RunResult]:
+    def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress) -> Iterator[RunResult]:
         prompts = [model.tokenize(model.chat_prompt(item.prompt), parse_special=True) for item in self.items]
         control: list[list[int]] | None = None
-        for config in configs:
-            for run in range(runs_needed(config, runs, self.temperature)):
+        for config, runs in plan:
+            for run in runs:
                 result = self._run(model, config, run, seed, prompts, control, progress)
                 if control is None:
                     control = result.outputs

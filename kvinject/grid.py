@@ -1,0 +1,203 @@
+"""Sweep grid files: TOML that declares models, benches, error models with parameter ranges,
+targets, layers and cache types; the cells are their cross product plus explicit extra cells.
+
+The file is validated completely before anything runs; every error names the key.
+See docs/grid-format.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .benchmarks import BENCHMARKS
+from .config import Configuration
+from .error_models import REGISTRY
+from .exceptions import KvinjectError, SpecError
+from .options import CacheOptions
+from .target import Target
+
+
+class GridError(KvinjectError):
+    """A grid file that cannot be run; the message names the file and the key."""
+
+
+SWEEP_KEYS = {"models", "runs", "seeds", "control", "targets", "layers", "caches", "flash_attn", "kv_rotation", "threads", "n_gpu_layers"}
+BENCH_KEYS = {
+    "ifeval": {"data", "limit", "max_tokens", "temperature", "exclude_instructions", "ctx"},
+    "nexttoken": {"data", "limit"},
+    "perplexity": {"data", "chunks", "ctx"},
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the grid: a model, a bench with its options, and one configuration."""
+
+    model: str
+    bench: str
+    options: tuple[tuple[str, Any], ...]
+    config: Configuration
+    seed: int
+    runs: int
+    control: bool = False
+
+    def settings(self, model_sha256: str) -> dict[str, Any]:
+        """Everything that determines the cell's results, the model by content."""
+        return {
+            "model_sha256": model_sha256,
+            "bench": self.bench,
+            "options": dict(self.options),
+            **self.config.to_dict(),
+            "seed": self.seed,
+        }
+
+    def key(self, model_sha256: str) -> str:
+        blob = json.dumps(self.settings(model_sha256), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+    @property
+    def group(self) -> tuple[Any, ...]:
+        """Cells that share a model, bench, options and seed are evaluated together."""
+        return (self.model, self.bench, self.options, self.seed)
+
+
+@dataclass
+class Grid:
+    path: Path
+    cells: list[Cell] = field(default_factory=list)
+    threads: int | None = None
+    n_gpu_layers: int | None = None
+
+
+def _values(where: str, value: Any) -> list[Any]:
+    """A scalar, a list, or a range table {start, stop, step} (stop included)."""
+    if isinstance(value, dict):
+        if set(value) != {"start", "stop", "step"}:
+            raise GridError(f"{where}: a range needs exactly start, stop and step, got {', '.join(value)}")
+        start, stop, step = (value[k] for k in ("start", "stop", "step"))
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (start, stop, step)) or step <= 0 or stop < start:
+            raise GridError(f"{where}: a range needs numbers with step > 0 and stop >= start")
+        n = int(np.floor((stop - start) / step + 1e-9)) + 1
+        return [round(start + i * step, 12) for i in range(n)]
+    if isinstance(value, list):
+        if not value:
+            raise GridError(f"{where}: empty list")
+        return value
+    return [value]
+
+
+def _fmt(value: Any) -> str:
+    return repr(float(value)).removesuffix(".0") if isinstance(value, float) else str(value)
+
+
+def _error_specs(where: str, entry: dict[str, Any]) -> list[str]:
+    if "spec" in entry:
+        if set(entry) != {"spec"}:
+            raise GridError(f"{where}: give either spec or model with parameters, not both")
+        return [str(s) for s in _values(f"{where}.spec", entry["spec"])]
+    name = entry.get("model")
+    cls = REGISTRY.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise GridError(f"{where}.model: unknown error model {name!r}; choose from {', '.join(REGISTRY)}")
+    params = [f.name for f in fields(cls)]
+    unknown = set(entry) - {"model", *params}
+    if unknown:
+        raise GridError(f"{where}: '{name}' has no parameter {sorted(unknown)[0]!r} (parameters: {', '.join(params) or 'none'})")
+    lists = []
+    for f in fields(cls):
+        if f.name in entry:
+            lists.append([(f.name, v) for v in _values(f"{where}.{f.name}", entry[f.name])])
+        elif f.default is MISSING:
+            raise GridError(f"{where}: '{name}' needs {f.name}")
+    specs = []
+    for combo in itertools.product(*lists):
+        positional = [_fmt(v) for k, v in combo if next(f for f in fields(cls) if f.name == k).default is MISSING]
+        options = [f"{k}={_fmt(v)}" for k, v in combo if next(f for f in fields(cls) if f.name == k).default is not MISSING]
+        args = ",".join(positional + options)
+        specs.append(f"{name}:{args}" if args else name)
+    return specs
+
+
+def load_grid(path: Path) -> Grid:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise GridError(f"cannot read {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise GridError(f"{path}: not valid TOML: {e}") from None
+    try:
+        return _build(path, raw)
+    except SpecError as e:
+        raise GridError(f"{path}: {e}") from None
+
+
+def _build(path: Path, raw: dict[str, Any]) -> Grid:
+    unknown = set(raw) - {"sweep", "bench", "errors", "cells"}
+    if unknown:
+        raise GridError(f"{path}: unknown top-level key {sorted(unknown)[0]!r} (expected sweep, bench, errors, cells)")
+    sweep = raw.get("sweep", {})
+    bad = set(sweep) - SWEEP_KEYS
+    if bad:
+        raise GridError(f"{path}: [sweep] has no key {sorted(bad)[0]!r} (keys: {', '.join(sorted(SWEEP_KEYS))})")
+    benches = raw.get("bench")
+    if not isinstance(benches, dict) or not benches:
+        raise GridError(f"{path}: declare at least one benchmark, e.g. [bench.nexttoken]")
+    for name, options in benches.items():
+        if name not in BENCH_KEYS:
+            raise GridError(f"{path}: [bench.{name}] is not a benchmark (choose from {', '.join(BENCH_KEYS)})")
+        bad = set(options) - BENCH_KEYS[name]
+        if bad:
+            raise GridError(f"{path}: [bench.{name}] has no option {sorted(bad)[0]!r} (options: {', '.join(sorted(BENCH_KEYS[name]))})")
+    runs = sweep.get("runs", 5)
+    if not isinstance(runs, int) or runs < 1:
+        raise GridError(f"{path}: sweep.runs must be a positive integer, got {runs!r}")
+    seeds = _values("sweep.seeds", sweep.get("seeds", 0))
+    if not all(isinstance(s, int) for s in seeds):
+        raise GridError(f"{path}: sweep.seeds must be integers")
+    flash = sweep.get("flash_attn", "auto")
+    rotation = sweep.get("kv_rotation", True)
+    caches = []
+    for i, spec in enumerate(_values("sweep.caches", sweep.get("caches", "f16"))):
+        type_k, _, type_v = str(spec).partition("/")
+        try:
+            caches.append(CacheOptions(type_k, type_v or type_k, flash, bool(rotation)))
+        except SpecError as e:
+            raise GridError(f"{path}: sweep.caches[{i}]: {e}") from None
+    targets = [Target.parse(str(c), str(layers)) for c in _values("sweep.targets", sweep.get("targets", "kv")) for layers in _values("sweep.layers", sweep.get("layers", "all"))]
+    errors = raw.get("errors", [])
+    if not isinstance(errors, list):
+        raise GridError(f"{path}: errors must be an array of tables ([[errors]])")
+    specs = [s for i, e in enumerate(errors) for s in _error_specs(f"errors[{i}]", e)]
+    models = [str(m) for m in _values("sweep.models", sweep.get("models", "smollm2"))]
+    control_spec = str(sweep.get("control", "none"))
+
+    grid = Grid(path, threads=sweep.get("threads"), n_gpu_layers=sweep.get("n_gpu_layers"))
+    seen: set[tuple[Any, ...]] = set()
+
+    def add(model: str, bench: str, options: dict[str, Any], config: Configuration, seed: int, control: bool = False) -> None:
+        opts = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
+        cell = Cell(model, bench, opts, config, seed, runs, control)
+        identity = (model, bench, opts, config, seed)
+        if identity not in seen:
+            seen.add(identity)
+            grid.cells.append(cell)
+
+    for model, (bench, options), seed in itertools.product(models, benches.items(), seeds):
+        add(model, bench, options, Configuration.parse(control_spec, cache=caches[0]), seed, control=True)
+        for spec, target, cache in itertools.product(specs, targets, caches):
+            add(model, bench, options, Configuration.parse(spec, target, cache), seed)
+        for i, extra in enumerate(raw.get("cells", [])):
+            bad = set(extra) - {"error", "target", "layers"}
+            if bad or "error" not in extra:
+                raise GridError(f"{path}: cells[{i}] takes error (required), target and layers")
+            target = Target.parse(str(extra.get("target", "kv")), str(extra.get("layers", "all")))
+            add(model, bench, options, Configuration.parse(str(extra["error"]), target, caches[0]), seed)
+    return grid

@@ -1,0 +1,158 @@
+"""Tables (and plots) from one or more results stores: the study's score and percent of
+control for each bench and configuration, with confidence intervals and the paired test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .benchmarks import BENCHMARKS
+from .benchmarks.base import RunResult
+from .config import Configuration
+from .error_models import parse_error
+from .exceptions import KvinjectError
+from .options import CacheOptions
+from .realized import Realized, RealizedStats
+from .runner import aggregate
+from .store import Store
+from .target import Target
+
+FORMATS = ("table", "markdown", "csv", "json", "latex")
+
+
+def load_records(paths: list[Path]) -> list[dict[str, Any]]:
+    """Every record of every store, each (cell, run) once."""
+    seen: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in paths:
+        if not path.is_file():
+            raise KvinjectError(f"no results store at {path}")
+        with Store(path) as store:
+            for record in store.records():
+                seen.setdefault((record["cell"], record["run"]), record)
+    return list(seen.values())
+
+
+def _flat(record: dict[str, Any]) -> dict[str, Any]:
+    s = record["settings"]
+    return {
+        "model": s.get("model"),
+        "bench": s["bench"],
+        "error": s["error"],
+        "target": s["target"],
+        "layers": s["layers"],
+        "cache_k": s["cache"]["type_k"],
+        "cache_v": s["cache"]["type_v"],
+        "seed": s["seed"],
+        **{f"option.{k}": v for k, v in s["options"].items()},
+    }
+
+
+def matches(record: dict[str, Any], filters: list[str]) -> bool:
+    flat = _flat(record)
+    for f in filters:
+        key, eq, value = f.partition("=")
+        if not eq or key not in flat:
+            raise KvinjectError(f"--filter takes KEY=VALUE with KEY one of {', '.join(flat)}; got '{f}'")
+        if str(flat[key]) != value:
+            return False
+    return True
+
+
+def _result(record: dict[str, Any]) -> RunResult:
+    s = record["settings"]
+    config = Configuration(parse_error(s["error"]), Target.parse(s["target"], s["layers"]), CacheOptions(**s["cache"]))
+    realized = Realized(*(RealizedStats() for _ in "kv"))
+    metrics = record["metrics"]
+    return RunResult(s["bench"], config, record["run"], {k: (float("nan") if v is None else v) for k, v in metrics.items()},
+                     {k: [float("nan") if x is None else x for x in v] for k, v in record["items"].items()}, realized, record["nonfinite_items"])
+
+
+def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (experiment, configuration, metric); an experiment shares model, bench,
+    options and seed, and is compared with its own control."""
+    experiments: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        s = r["settings"]
+        key = repr((s["model_sha256"], s["bench"], sorted(s["options"].items()), s["seed"]))
+        experiments.setdefault(key, []).append(r)
+    rows = []
+    for group in experiments.values():
+        controls = [r for r in group if r["settings"].get("control")]
+        if not controls:
+            continue  # a shard without its control cannot be compared; merge the stores
+        ordered = controls + [r for r in group if not r["settings"].get("control")]
+        bench = BENCHMARKS[ordered[0]["settings"]["bench"]]
+        flat = _flat(ordered[0])
+        realized = {}
+        for r in ordered:
+            realized.setdefault(r["label"], []).append(r["realized"]["k"].get("rel_err_std"))
+        for row in aggregate(bench, [_result(r) for r in ordered]):
+            k_std = [x for x in realized.get(row["label"], []) if x is not None]
+            rows.append({**{k: flat[k] for k in ("model", "bench", "seed")}, **row, "realized_k_rel_std": sum(k_std) / len(k_std) if k_std else None})
+    return pd.DataFrame(rows)
+
+
+def primary_rows(df: pd.DataFrame) -> list[bool]:
+    return [m == BENCHMARKS[b].primary for m, b in zip(df["metric"], df["bench"])]
+
+
+def study_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The study's layout: score and percent of control per bench and configuration, on each
+    bench's primary metric, with both confidence intervals and the paired test's p."""
+    if df.empty:
+        return df
+    out = df[primary_rows(df)].copy()
+    out["ci_items"] = out["bootstrap_ci"].map(lambda ci: f"{ci[0]:.4g}–{ci[1]:.4g}" if ci and None not in ci else "")
+    out["ci_runs"] = [f"{lo:.4g}–{hi:.4g}" if pd.notna(lo) else "" for lo, hi in zip(out["ci_low"], out["ci_high"])]
+    out["p"] = out["test"].map(lambda t: t["p_value"] if isinstance(t, dict) else None)
+    cols = ["model", "bench", "metric", "label", "n", "mean", "std", "ci_runs", "ci_items", "percent_of_control", "p", "nonfinite_items"]
+    return out[cols].rename(columns={"label": "configuration", "n": "runs", "mean": "score", "percent_of_control": "% control"})
+
+
+def render(table: pd.DataFrame, fmt: str) -> str:
+    if fmt == "markdown":
+        return table.to_markdown(index=False, floatfmt=".4g")
+    if fmt == "csv":
+        return table.to_csv(index=False)
+    if fmt == "json":
+        return table.to_json(orient="records", indent=2)
+    if fmt == "latex":
+        return table.to_latex(index=False, float_format="%.4g")
+    raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")
+
+
+def plot(df: pd.DataFrame, path: Path) -> None:
+    """Degradation curves: each bench's primary score against the realized relative error of
+    K (std), one line per error family, with the runs' 95% CI as a band."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise KvinjectError("--plot needs matplotlib: pip install 'kvinject[plot]'") from None
+    table = df[primary_rows(df)]
+    benches = list(dict.fromkeys(table["bench"]))
+    fig, axes = plt.subplots(1, len(benches), figsize=(5 * len(benches), 4), squeeze=False)
+    for ax, bench in zip(axes[0], benches):
+        rows = table[table["bench"] == bench]
+        control = rows.iloc[0]
+        ax.axhline(control["mean"], color="gray", linestyle="--", label=f"control ({control['label']})")
+        families = rows.iloc[1:].assign(family=lambda d: d["label"].str.split(":").str[0])
+        for family, part in families.groupby("family", sort=False):
+            part = part.dropna(subset=["realized_k_rel_std"]).sort_values("realized_k_rel_std")
+            if part.empty:
+                continue
+            x = part["realized_k_rel_std"]
+            ax.plot(x, part["mean"], marker="o", label=family)
+            lo, hi = part["ci_low"].fillna(part["mean"]), part["ci_high"].fillna(part["mean"])
+            ax.fill_between(x, lo, hi, alpha=0.2)
+        ax.set_xlabel("realized relative error of K (std)")
+        ax.set_ylabel(f"{BENCHMARKS[bench].primary}")
+        ax.set_title(bench)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,152 @@
+"""Grid files, the results store under SIGKILL and concurrent writers, and reports."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvinject.grid import GridError, load_grid
+from kvinject.store import Store
+
+GRID = """
+[sweep]
+models = ["{model}"]
+runs = 2
+
+[bench.nexttoken]
+limit = {limit}
+
+[bench.perplexity]
+ctx = 64
+chunks = 1
+
+[[errors]]
+model = "normal"
+mean = 0
+std = [0.25, 0.5]
+
+[[cells]]
+error = "none@q8_0"
+"""
+# Per bench: the control and none@q8_0 once each (no randomness), two noisy configurations twice.
+EXPECTED_RUNS = 2 * (1 + 1 + 2 * 2)
+
+
+def write_grid(tmp_path, model, limit=3, text=GRID):
+    path = tmp_path / "grid.toml"
+    path.write_text(text.format(model=model, limit=limit))
+    return path
+
+
+def sweep(*args, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "kvinject", "sweep", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def count(store):
+    if not store.exists():
+        return 0
+    with sqlite3.connect(store, timeout=30) as db:
+        try:
+            return db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        except sqlite3.OperationalError:  # table not created yet
+            return 0
+
+
+def test_ranges_expand_and_the_cells_are_the_cross_product(tmp_path):
+    grid = load_grid(write_grid(tmp_path, "smollm2", text=GRID.replace("std = [0.25, 0.5]", "std = {{start = 0, stop = 1, step = 0.125}}")))
+    labels = [c.config.label for c in grid.cells if c.bench == "nexttoken"]
+    assert labels[0] == "none" and labels[-1] == "none @q8_0"
+    assert [l for l in labels if l.startswith("normal")] == [f"normal:0,{v:g}" for v in [i * 0.125 for i in range(9)]]
+    assert sum(c.control for c in grid.cells) == 2
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (("[bench.perplexity]", "[bench.mmlu]"), r"\[bench.mmlu\] is not a benchmark"),
+        (("chunks = 1", "chunk = 1"), r"\[bench.perplexity\] has no option 'chunk'"),
+        (("runs = 2", "runs = 0"), "sweep.runs must be a positive integer"),
+        (('model = "normal"', 'model = "gauss"'), r"errors\[0\].model: unknown error model 'gauss'"),
+        (("std = [0.25, 0.5]", "sd = 1"), r"errors\[0\]: 'normal' has no parameter 'sd'"),
+        (("std = [0.25, 0.5]", "std = {{start = 1, stop = 0, step = 0.1}}"), r"errors\[0\].std: a range needs"),
+        (("runs = 2", "runs = 2\ncaches = ['f16/q4_0']\nflash_attn = 'off'"), r"sweep.caches\[0\]: a quantized V cache"),
+        (("runs = 2", "runs = 2 2"), "not valid TOML"),
+    ],
+)
+def test_a_bad_grid_names_the_key(tmp_path, change, message):
+    path = write_grid(tmp_path, "smollm2", text=GRID.replace(*change))
+    with pytest.raises(GridError, match=message):
+        load_grid(path)
+
+
+def test_dry_run_lists_cells_without_creating_a_store(tmp_path, tiny_path):
+    grid = write_grid(tmp_path, tiny_path)
+    out = subprocess.run([sys.executable, "-m", "kvinject", "sweep", str(grid), "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "8 cells" in out.stdout and f"{EXPECTED_RUNS} runs left" in out.stdout and "estimate" in out.stdout
+    assert not list(tmp_path.glob("*.sqlite"))
+
+
+def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path, tiny_path):
+    grid, store = write_grid(tmp_path, tiny_path, limit=40), tmp_path / "s.sqlite"
+    proc = sweep(grid, "--store", store)
+    deadline = time.time() + 240
+    while count(store) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = count(store)
+    assert 0 < killed_at < EXPECTED_RUNS, "the kill must land mid-sweep"
+    resumed = sweep(grid, "--store", store)
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    with Store(store) as s:
+        keys = [(r["cell"], r["run"]) for r in s.records()]
+    assert len(keys) == len(set(keys)) == EXPECTED_RUNS
+
+
+def test_two_processes_share_one_store(tmp_path, tiny_path):
+    grid, store = write_grid(tmp_path, tiny_path), tmp_path / "shared.sqlite"
+    procs = [sweep(grid, "--store", store), sweep(grid, "--store", store, "--shard", "1/2")]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    with sqlite3.connect(store) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert count(store) == EXPECTED_RUNS
+
+
+def test_shards_split_the_cells_and_report_merges_them(tmp_path, tiny_path):
+    grid = write_grid(tmp_path, tiny_path)
+    stores = [tmp_path / f"shard{i}.sqlite" for i in range(2)]
+    for i, store in enumerate(stores):
+        p = sweep(grid, "--store", store, "--shard", f"{i}/2")
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    assert sum(count(s) for s in stores) == EXPECTED_RUNS
+    out = subprocess.run([sys.executable, "-m", "kvinject", "report", *map(str, stores), "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert {(r["bench"], r["configuration"]) for r in rows} == {
+        (b, c) for b in ("nexttoken", "perplexity") for c in ("none", "none @q8_0", "normal:0,0.25", "normal:0,0.5")
+    }
+    control = [r for r in rows if r["configuration"] == "none"]
+    assert all(r["% control"] == pytest.approx(100) for r in control if r["score"])
+    for fmt, marker in (("markdown", "| bench"), ("csv", "model,bench"), ("latex", "\\begin{tabular}")):
+        out = subprocess.run([sys.executable, "-m", "kvinject", "report", *map(str, stores), "--format", fmt, "--filter", "bench=perplexity"], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and marker in out.stdout and "nexttoken" not in out.stdout, out.stderr
+
+
+def test_report_draws_degradation_curves(tmp_path, tiny_path):
+    grid, store, png = write_grid(tmp_path, tiny_path), tmp_path / "s.sqlite", tmp_path / "curves.png"
+    _, err = (p := sweep(grid, "--store", store)).communicate(timeout=600)
+    assert p.returncode == 0, err
+    out = subprocess.run([sys.executable, "-m", "kvinject", "report", str(store), "--plot", str(png)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

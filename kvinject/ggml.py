@@ -90,7 +90,9 @@ def lib() -> ctypes.CDLL:
 def _registry() -> ctypes.CDLL:
     """libggml, which holds the device registry."""
     libdir = pathlib.Path(llama_cpp.__file__).parent / "lib"
-    candidates = [p for p in sorted(libdir.glob("libggml.*")) + sorted(libdir.glob("ggml.dll"))]
+    candidates = sorted(libdir.glob("libggml.*")) + sorted(libdir.glob("ggml.dll"))
+    if not candidates:
+        raise ModelError(f"libggml not found in {libdir}: is llama-cpp-python installed correctly?")
     reg = ctypes.CDLL(str(candidates[0]))
     _declare(reg, "ggml_backend_dev_count", ctypes.c_size_t)
     _declare(reg, "ggml_backend_dev_get", ctypes.c_void_p, ctypes.c_size_t)
@@ -106,22 +108,18 @@ def check_layout(ptr: int) -> None:
     t = tensor(ptr)
     nbytes = lib().ggml_nbytes(ptr)
     name = lib().ggml_get_name(ptr)
-    if name != t.name or (t.type == GGML_TYPE_F32 and lib().ggml_is_contiguous(ptr) and nbytes != 4 * _numel(t)):
+    if name != t.name or (t.type == GGML_TYPE_F32 and lib().ggml_is_contiguous(ptr) and nbytes != 4 * numel(t)):
         raise ModelError(
             "this llama-cpp-python's ggml tensor layout is not the one kvinject supports "
             f"(llama-cpp-python {llama_cpp.__version__}); install llama-cpp-python==0.3.36"
         )
 
 
-def _numel(t: GgmlTensor) -> int:
+def numel(t: GgmlTensor) -> int:
     n = 1
     for d in t.ne:
         n *= d
     return n
-
-
-def numel(t: GgmlTensor) -> int:
-    return _numel(t)
 
 
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL"}

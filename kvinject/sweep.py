@@ -95,6 +95,7 @@ class Sweep:
         Returns the number of runs written."""
         planned = [p for p in self.plan() if p.runs]
         written = 0
+        overall = progress("all cells (runs)", sum(len(p.runs) for p in planned)) if progress else (lambda n: None)
         backend = BackendOptions(n_gpu_layers=self.grid.n_gpu_layers, threads=self.grid.threads)
         models: dict[str, Model] = {}
         try:
@@ -115,6 +116,8 @@ class Sweep:
                     key, cell = (p.key, p.cell) if p else (control_key, control)
                     settings = cell.settings(self.model_sha(cell.model)) | {"model": cell.model, "control": cell.control, "label": cell.config.label}
                     written += self.store.add(key, result.run, settings, result.to_dict())
+                    if p is not None:
+                        overall(1)
         finally:
             for model in models.values():
                 model.close()

@@ -89,7 +89,8 @@ class NextToken(Benchmark):
         for config, runs in plan:
             for run in runs:
                 result = self._run(model, config, run, seed, prompts, targets, control_tokens, progress)
-                control_tokens = control_tokens or result.outputs
+                if control_tokens is None:
+                    control_tokens = result.outputs
                 yield result
 
     def _run(self, model, config, run, seed, prompts, targets, control_tokens, progress) -> RunResult:

@@ -46,6 +46,15 @@ CacheKOpt = Annotated[str, typer.Option("--cache-type-k", help="K cache type: f3
 CacheVOpt = Annotated[str, typer.Option("--cache-type-v", help="V cache type (quantized V needs flash attention).")]
 CtxOpt = Annotated[int, typer.Option("--ctx", help="Context size in tokens.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads. Default: physical cores.")]
+ParallelOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--parallel",
+        "-j",
+        help="Sequences decoded together: prompts generated at once (ifeval, nexttoken; default 8 on CPU, 32 on GPU) "
+        "or perplexity chunks per decode (default: as many as fill 512 tokens, 2048 on GPU). 1 is sequential evaluation.",
+    ),
+]
 RotationOpt = Annotated[str, typer.Option("--kv-rotation", help="llama.cpp's Hadamard rotation of quantized K/V caches: on or off.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's log.")]
 ErrorOpt = Annotated[
@@ -68,12 +77,12 @@ def _cache(flash_attn: str, cache_type_k: str, cache_type_v: str, kv_rotation: s
     return CacheOptions(cache_type_k, cache_type_v, flash_attn, _on_off("--kv-rotation", kv_rotation))
 
 
-def _load(model: str | None, n_gpu_layers: int | None, threads: int | None, verbose: bool):
+def _load(model: str | None, n_gpu_layers: int | None, threads: int | None, verbose: bool, parallel: int | None = None):
     from .model import Model, set_verbose
 
     set_verbose(verbose)
     with console.status(f"loading {model or 'the default model'}...", spinner="dots"):
-        return Model(model, BackendOptions(n_gpu_layers=n_gpu_layers, threads=threads))
+        return Model(model, BackendOptions(n_gpu_layers=n_gpu_layers, threads=threads, parallel=parallel))
 
 
 def _configs(errors: list[str] | None, target: str, layers: str | None, cache: CacheOptions) -> list[Configuration]:
@@ -173,6 +182,7 @@ def run_command(
     cache_type_v: CacheVOpt = "f16",
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Context size; for perplexity the chunk size, as in llama-perplexity. Default: 2048 (perplexity 512).")] = None,
     threads: ThreadsOpt = None,
+    parallel: ParallelOpt = None,
     kv_rotation: RotationOpt = "on",
     verbose: VerboseOpt = False,
 ) -> None:
@@ -198,7 +208,7 @@ def run_command(
     excluded = tuple(i.strip() for group in exclude_instructions or [] for i in group.split(",") if i.strip())
     options = {"data": None, "limit": limit, "max_tokens": max_tokens, "temperature": temperature, "exclude_instructions": excluded, "ctx": ctx, "chunks": chunks}
     benches = [make_bench(name, {**options, "data": data_for.get(name)}) for name in dict.fromkeys(bench)]
-    with _load(model, n_gpu_layers, threads, verbose) as m:
+    with _load(model, n_gpu_layers, threads, verbose, parallel) as m:
         report = Report(metadata(m, benches, configs, runs, seed, {"cache": cache.to_dict()}), benches={b.name: b for b in benches})
         with _progress() as progress:
             bars = {}
@@ -259,6 +269,7 @@ def sweep(
     store: Annotated[Optional[Path], typer.Option("--store", help="Results store (SQLite). Default: GRID.results.sqlite, or GRID.shardIofN.results.sqlite.")] = None,
     shard: Annotated[Optional[str], typer.Option("--shard", help="Run a deterministic 1/n of the cells: i/n, e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the expanded cells, what is left to run and a time estimate; run nothing.")] = False,
+    parallel: ParallelOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run every cell of a grid into a results store. Safe to interrupt: finished runs are kept,
@@ -271,6 +282,8 @@ def sweep(
     set_verbose(verbose)
     parsed_shard = parse_shard(shard) if shard else None
     g = load_grid(grid)
+    if parallel is not None:
+        g.parallel = parallel
     store_path = store or default_store(grid, parsed_shard)
     if dry_run and not store_path.exists():
         store_path = Path(":memory:")  # nothing done yet; do not create the store

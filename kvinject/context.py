@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
-from .error_models import ErrorModel, NoError
+from .error_models import Draws, ErrorModel, NoError
 from .exceptions import InjectionError, ModelError
 from .ggml import CACHE_TYPES
+from .batching import Generation, generate_all
 from .hook import KVHook
 from .model import captured_log
 from .options import CacheOptions
@@ -45,18 +46,13 @@ def _rotation(enabled: bool) -> Iterator[None]:
 _KV_SIZE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB .*K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
 
 
-@dataclass
-class Generation:
-    tokens: list[int]
-    text: str
-    nonfinite_steps: int  # decoding steps whose logits held NaN or Inf
-    first_logits: np.ndarray  # the logits after the prompt
-
-
 class Context:
     """One llama context: a KV cache with its storage types, and the hook for one error model.
 
-    Noise is seeded by ``(seed, run)``: the same settings and seed reproduce exactly.
+    ``n_seq`` sequences share the cache (``n_ctx`` cells in all, ``n_ctx // n_seq`` for
+    each). Noise and sampling are seeded per sequence: by ``(seed, run, item)`` for the item
+    started on it with :meth:`begin_item`, by ``(seed, run)`` for sequence 0 otherwise; the
+    same settings and seed reproduce exactly.
     """
 
     def __init__(
@@ -76,6 +72,8 @@ class Context:
         self.error = error or NoError()
         self.target = target or Target()
         self.n_batch = min(n_batch, n_ctx)
+        if n_seq > self.n_batch:
+            raise ValueError(f"{n_seq} sequences need a batch of at least {n_seq} tokens, not {self.n_batch}")
         self.hook = (
             KVHook(
                 self.error,
@@ -83,13 +81,16 @@ class Context:
                 model.n_layer,
                 model.n_head_kv * model.head_dim_k,
                 model.n_head_kv * model.head_dim_v,
-                np.random.default_rng([seed, run]),
             )
             if self.error.injects
             else None
         )
         self.seed, self.run = seed, run
-        self.sample_rng = np.random.default_rng([seed, run, 1])
+        self.n_seq = n_seq
+        self.n_ctx_seq = n_ctx // n_seq
+        self._noise: dict[int, Draws | None] = {}
+        self._sampling: dict[int, np.random.Generator] = {}
+        self._seed(0, [seed, run])
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = self.n_batch  # one graph per decode: the hook relies on it
@@ -113,11 +114,22 @@ class Context:
             self.hook.learn(lambda: self._llama_decode([(model.bos, 0, 0, False)]))
             self.clear()
 
-    def begin_item(self, item: int) -> None:
-        """Seed the noise and sampling of benchmark item ``item`` from (seed, run, item)."""
+    def _seed(self, seq: int, key: list[int]) -> None:
         if self.hook is not None:
-            self.hook.reseed(np.random.default_rng([self.seed, self.run, item]))
-        self.sample_rng = np.random.default_rng([self.seed, self.run, item, 1])
+            self._noise[seq] = self.hook.stream(np.random.default_rng(key))
+        self._sampling[seq] = np.random.default_rng([*key, 1])
+
+    def begin_item(self, item: int, seq: int = 0) -> None:
+        """Start benchmark item ``item`` on sequence ``seq``: an empty cache for it, and noise
+        and sampling seeded from (seed, run, item) whichever sequence and batch it runs in."""
+        if seq >= self.n_seq:
+            raise ValueError(f"sequence {seq} out of range: the context has {self.n_seq}")
+        self.forget(seq)
+        self._seed(seq, [self.seed, self.run, item])
+
+    def forget(self, seq: int) -> None:
+        """Remove one sequence's cells from the cache."""
+        ll.llama_memory_seq_rm(ll.llama_get_memory(self._ptr), seq, -1, -1)
 
     def close(self) -> None:
         if self._ptr:
@@ -163,12 +175,28 @@ class Context:
             raise InjectionError(f"llama_decode failed with status {status} (KV cache full? raise --ctx)")
 
     def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:
-        """Decode (token, position, sequence, want_logits) entries, at most n_batch of them."""
+        """Decode (token, position, sequence, want_logits) entries, at most n_batch of them;
+        keep each sequence's entries together so its rows draw their noise as one run."""
         if len(entries) > self.n_batch:
             raise ValueError(f"{len(entries)} tokens exceed the batch size {self.n_batch}")
+        if self.hook is not None:
+            self.hook.layout(self._segments(entries))
         self._llama_decode(entries)
         if self.hook is not None:
             self.hook.finish_decode()
+
+    def _segments(self, entries: Sequence[tuple[int, int, int, bool]]) -> list[tuple[Draws | None, int]]:
+        segments: list[list] = []
+        previous = None
+        for _, _, seq, _ in entries:
+            if seq == previous:
+                segments[-1][1] += 1
+                continue
+            if seq not in self._noise:
+                self._seed(seq, [self.seed, self.run, 0, 0, seq])  # never begun: a stream of its own
+            segments.append([self._noise[seq], 1])
+            previous = seq
+        return [(draws, rows) for draws, rows in segments]
 
     def logits(self, i: int) -> np.ndarray:
         """The logits of the i-th batch entry of the last decode (-1: the last with logits)."""
@@ -189,12 +217,12 @@ class Context:
             last = start + len(piece) == len(tokens)
             self.decode([(t, pos + start + j, seq, last and j == len(piece) - 1) for j, t in enumerate(piece)])
 
-    def pick(self, logits: np.ndarray, temperature: float) -> int:
+    def pick(self, logits: np.ndarray, temperature: float, seq: int = 0) -> int:
         if temperature <= 0:
             return int(np.argmax(logits))
         z = logits.astype(np.float64) / temperature
         p = np.exp(z - z.max())
-        return int(self.sample_rng.choice(len(p), p=p / p.sum()))
+        return int(self._sampling[seq].choice(len(p), p=p / p.sum()))
 
     def generate(
         self,
@@ -203,24 +231,8 @@ class Context:
         temperature: float = 0.0,
         stop: Callable[[list[int]], bool] | None = None,
     ) -> Generation:
-        """Generate up to ``max_tokens`` after ``prompt`` (greedy unless temperature > 0), until an
-        end-of-generation token or ``stop(tokens)``. NaN/Inf logits never crash: they are counted."""
-        self.clear()
-        self.prefill(prompt)
-        first = self.logits(-1).copy()
-        out: list[int] = []
-        nonfinite = 0
-        n_ctx = ll.llama_n_ctx(self._ptr)
-        for step in range(max_tokens):
-            logits = first if step == 0 else self.logits(-1)
-            if not np.isfinite(logits).all():
-                nonfinite += 1
-                logits = np.nan_to_num(logits, nan=-np.inf)
-            token = self.pick(logits, temperature)
-            if self.model.is_eog(token):
-                break
-            out.append(token)
-            if (stop is not None and stop(out)) or len(prompt) + len(out) >= n_ctx or step == max_tokens - 1:
-                break
-            self.decode([(token, len(prompt) + len(out) - 1, 0, True)])
-        return Generation(out, self.model.detokenize(out), nonfinite, first)
+        """Generate up to ``max_tokens`` after ``prompt`` on sequence 0 (greedy unless
+        temperature > 0), until an end-of-generation token or ``stop(tokens)``."""
+        self.forget(0)
+        ((_, gen),) = generate_all(self, [prompt], max_tokens, temperature, stop, items=None)
+        return gen

@@ -29,7 +29,7 @@ class GridError(KvinjectError):
     """A grid file that cannot be run; the message names the file and the key."""
 
 
-SWEEP_KEYS = {"models", "runs", "seeds", "control", "targets", "layers", "caches", "flash_attn", "kv_rotation", "threads", "n_gpu_layers"}
+SWEEP_KEYS = {"models", "runs", "seeds", "control", "targets", "layers", "caches", "flash_attn", "kv_rotation", "threads", "n_gpu_layers", "parallel"}
 BENCH_KEYS = {
     "ifeval": {"data", "limit", "max_tokens", "temperature", "exclude_instructions", "ctx"},
     "nexttoken": {"data", "limit"},
@@ -75,6 +75,7 @@ class Grid:
     cells: list[Cell] = field(default_factory=list)
     threads: int | None = None
     n_gpu_layers: int | None = None
+    parallel: int | None = None
 
 
 def _values(where: str, value: Any) -> list[Any]:
@@ -179,7 +180,7 @@ def _build(path: Path, raw: dict[str, Any]) -> Grid:
     models = [str(m) for m in _values("sweep.models", sweep.get("models", "smollm2"))]
     control_spec = str(sweep.get("control", "none"))
 
-    grid = Grid(path, threads=sweep.get("threads"), n_gpu_layers=sweep.get("n_gpu_layers"))
+    grid = Grid(path, threads=sweep.get("threads"), n_gpu_layers=sweep.get("n_gpu_layers"), parallel=sweep.get("parallel"))
     seen: set[tuple[Any, ...]] = set()
 
     def add(model: str, bench: str, options: dict[str, Any], config: Configuration, seed: int, control: bool = False) -> None:

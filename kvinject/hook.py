@@ -43,15 +43,16 @@ class KVHook:
     followed by :meth:`finish_decode`.
     """
 
-    def __init__(self, error: ErrorModel, target: Target, n_layer: int, row_k: int, row_v: int, rng: np.random.Generator):
+    def __init__(self, error: ErrorModel, target: Target, n_layer: int, row_k: int, row_v: int):
         target.check(n_layer)
         self.error = error
-        self.draws = Draws(error.draw, rng) if error.random else None
         self.row = {"k": row_k, "v": row_v}
         self.realized = Realized.empty()
         self.site_counts: Counter[tuple[str, int]] = Counter()  # (component, layer) -> cache writes perturbed
         self._expected = {(c, il) for il in range(n_layer) for c in "kv" if target.wants(c, il)}
         self._names = {self._node_name(c, il): (c, il) for c, il in self._expected}
+        self._width = sum(self.row[c] for c, _ in self._expected)  # values one token draws per decode
+        self._noise: _DecodeNoise | None = None
         self._prefixes = {int.from_bytes(name[:4].ljust(4, b"\0"), "little") for name in self._names}
         self._learning = False
         self._learned: dict[bytes, list[int]] = {}  # name -> op ending each of its runs
@@ -69,11 +70,15 @@ class KVHook:
         # ctypes must keep this object alive as long as the llama context holds the pointer.
         self.callback = ll.ggml_backend_sched_eval_callback(self._eval)
 
-    def reseed(self, rng: np.random.Generator) -> None:
-        """Start a new noise stream, e.g. one per benchmark item, so that an item's noise does
-        not depend on which items ran before it."""
-        if self.error.random:
-            self.draws = Draws(self.error.draw, rng)
+    def stream(self, rng: np.random.Generator) -> Draws | None:
+        """A noise stream for one benchmark item (None for error models without randomness)."""
+        return Draws(self.error.draw, rng) if self.error.random else None
+
+    def layout(self, segments: list[tuple[Draws | None, int]]) -> None:
+        """Announce the next decode: runs of consecutive batch rows, each with the noise stream
+        of the item they belong to. Each stream is read in the same order as if its item were
+        decoded alone, so an item's noise does not depend on what shares its decodes."""
+        self._noise = _DecodeNoise(segments, self._width) if self.error.random else None
 
     @staticmethod
     def _node_name(component: str, layer: int) -> bytes:
@@ -149,13 +154,13 @@ class KVHook:
             x = self._rows(ptr, t, component)
         if isinstance(x, np.ndarray):  # host memory: change it in place
             before = x.copy()
-            self.error.apply(x, self.draws)
+            self.error.apply(x, self._noise)
             after = x.copy()
         else:  # device memory: copy out and back
             after = np.empty(x, dtype=np.float32)
             ggml.lib().ggml_backend_tensor_get(ptr, after.ctypes.data, 0, after.nbytes)
             before = after.copy()
-            self.error.apply(after, self.draws)
+            self.error.apply(after, self._noise)
             ggml.lib().ggml_backend_tensor_set(ptr, after.ctypes.data, 0, after.nbytes)
         self._staged[component] += (before, after)
 
@@ -208,3 +213,25 @@ class KVHook:
         self._run_name = None
         for staged in self._staged.values():
             staged.clear()
+
+
+class _DecodeNoise:
+    """The noise of one decode, handed to the error model site by site in graph order.
+
+    Each segment's stream gives ``rows * width`` values at once; a site whose rows hold ``r``
+    components each takes the next ``rows * r`` of every segment, so a stream is consumed
+    site by site exactly as when its rows are decoded alone.
+    """
+
+    def __init__(self, segments: list[tuple[Draws | None, int]], width: int):
+        self._blocks = [(draws.take(rows * width), rows) for draws, rows in segments]
+        self._rows = sum(rows for _, rows in segments)
+        self._at = 0  # components per row consumed so far
+
+    def take(self, n: int) -> np.ndarray:
+        r = n // self._rows
+        if r * self._rows != n:
+            raise InjectionError(f"a cache write of {n} values does not split into the {self._rows} rows of this decode")
+        pieces = [block[self._at * rows : (self._at + r) * rows] for block, rows in self._blocks]
+        self._at += r
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

@@ -150,6 +150,25 @@ class Model:
             return -1 if ll.llama_supports_gpu_offload() else 0
         return self.backend.n_gpu_layers
 
+    @property
+    def offloaded(self) -> bool:
+        return self.n_gpu_layers != 0 and ll.llama_supports_gpu_offload()
+
+    @property
+    def parallel(self) -> int:
+        """Sequences generated together: --parallel, else what measured well on CPU (8 on two
+        cores, docs/performance.md) or a larger batch when the model is offloaded to a GPU."""
+        if self.backend.parallel is not None:
+            return self.backend.parallel
+        return 32 if self.offloaded else 8
+
+    def chunks_per_decode(self, n_ctx: int) -> int:
+        """Perplexity chunks of n_ctx tokens decoded together: --parallel, else as many as fill
+        llama.cpp's default ubatch (512 tokens) on CPU, or its default batch (2048) on a GPU."""
+        if self.backend.parallel is not None:
+            return self.backend.parallel
+        return max(1, (2048 if self.offloaded else 512) // n_ctx)
+
     def close(self) -> None:
         if self._ptr:
             ll.llama_model_free(self._ptr)

@@ -23,12 +23,15 @@ class BackendOptions:
 
     n_gpu_layers: int | None = None  # None: every layer when llama.cpp has a GPU backend, else 0
     threads: int | None = None  # None: physical cores
+    parallel: int | None = None  # sequences per decode; None: chosen per bench and device (Model.parallel)
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
             raise SpecError(f"--threads must be >= 1, got {self.threads}")
         if self.n_gpu_layers is not None and self.n_gpu_layers < -1:
             raise SpecError(f"--n-gpu-layers must be >= -1 (-1: all), got {self.n_gpu_layers}")
+        if self.parallel is not None and not 1 <= self.parallel <= 256:
+            raise SpecError(f"--parallel must be between 1 and 256, got {self.parallel}")
 
     @property
     def n_threads(self) -> int:

@@ -71,6 +71,8 @@ def metadata(model: Model, benches: list[Benchmark], configs: list[Configuration
         "seed": seed,
         "threads": model.backend.n_threads,
         "n_gpu_layers": model.n_gpu_layers,
+        "parallel": model.parallel,
+        **{f"{b.name}_chunks_per_decode": model.chunks_per_decode(b.n_ctx) for b in benches if b.name == "perplexity"},
         "configurations": [{"label": c.label, **c.to_dict()} for c in configs],
         "benches": {b.name: b.settings for b in benches},
         **settings,

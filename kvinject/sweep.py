@@ -96,7 +96,7 @@ class Sweep:
         planned = [p for p in self.plan() if p.runs]
         written = 0
         overall = progress("all cells (runs)", sum(len(p.runs) for p in planned)) if progress else (lambda n: None)
-        backend = BackendOptions(n_gpu_layers=self.grid.n_gpu_layers, threads=self.grid.threads)
+        backend = BackendOptions(n_gpu_layers=self.grid.n_gpu_layers, threads=self.grid.threads, parallel=self.grid.parallel)
         models: dict[str, Model] = {}
         try:
             for group, members in itertools.groupby(sorted(planned, key=lambda p: repr(p.cell.group)), key=lambda p: p.cell.group):

@@ -83,8 +83,9 @@ def test_divergence_counts_differing_outputs_and_first_difference():
 
 
 def test_perplexity_matches_an_independent_per_position_computation(tiny, tmp_path):
-    """The benchmark batches a chunk and reads all logits at once; recompute each scored
-    position on its own, llama-perplexity's way, and compare."""
+    """The benchmark decodes several chunks at once and reads all logits together; recompute
+    each scored position of each chunk on its own and compare (float32 exponentials, as in
+    llama-perplexity, against float64 here)."""
     from kvinject.data import read_text
 
     bench = Perplexity(None, chunks=2, n_ctx=64)
@@ -98,7 +99,7 @@ def test_perplexity_matches_an_independent_per_position_computation(tiny, tmp_pa
             ctx.decode([(t, pos, 0, True) for pos, t in enumerate(piece)])
             for pos in range(32, 63):
                 nll.append(-log_softmax(ctx.logits(pos))[piece[pos + 1]])
-    assert result.metrics["ppl"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-9)
+    assert result.metrics["ppl"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-6)
     assert len(result.items["mean_nll"]) == 2
 
 

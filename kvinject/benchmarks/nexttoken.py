@@ -15,6 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..batching import generate_all
 from ..data import read_text
 from ..exceptions import DataError
 from ..model import Model
@@ -68,12 +69,11 @@ class NextToken(Benchmark):
     higher_is_better = {"accuracy": True, "mean_logprob": True, "diverged": False}
     binary = frozenset({"accuracy"})
 
-    def __init__(self, data: str | None = None, limit: int | None = None, n_ctx: int = 128):
+    def __init__(self, data: str | None = None, limit: int | None = None):
         self.data = data
         self.snippets = make_snippets(read_text(data, "encyclopedia"), limit=limit)
         if not self.snippets:
             raise DataError(f"{data or 'the bundled corpus'} holds no paragraph of 10 words or more")
-        self.n_ctx = n_ctx
 
     def __len__(self) -> int:
         return len(self.snippets)
@@ -95,24 +95,25 @@ class NextToken(Benchmark):
 
     def _run(self, model, config, run, seed, prompts, targets, control_tokens, progress) -> RunResult:
         start = time.perf_counter()
-        correct, logprob, generated = [], [], []
         nonfinite = tokens = 0
 
         def word_done(out: list[int]) -> bool:
             return " " in model.detokenize(out).strip()
 
-        with model.context(config.cache, config.error, config.target, seed=seed, run=run, n_ctx=self.n_ctx) as ctx:
-            for i, (snippet, prompt, target) in enumerate(zip(self.snippets, prompts, targets)):
-                ctx.begin_item(i)
-                gen = ctx.generate(prompt, MAX_WORD_TOKENS, stop=word_done)
+        n = len(prompts)
+        correct, logprob, generated = [0.0] * n, [0.0] * n, [[] for _ in range(n)]
+        n_seq = model.parallel
+        per_seq = max(map(len, prompts)) + MAX_WORD_TOKENS + 1
+        with model.context(config.cache, config.error, config.target, seed=seed, run=run, n_ctx=n_seq * per_seq, n_seq=n_seq) as ctx:
+            for i, gen in generate_all(ctx, prompts, MAX_WORD_TOKENS, stop=word_done, items=range(n)):
                 words = gen.text.split()
                 guess = normalize_word(words[0]) if words else ""
-                correct.append(float(guess != "" and guess == normalize_word(snippet.target)))
-                lp = log_softmax(gen.first_logits)[target]
-                logprob.append(float(lp) if np.isfinite(lp) else float("nan"))
+                correct[i] = float(guess != "" and guess == normalize_word(self.snippets[i].target))
+                lp = log_softmax(gen.first_logits)[targets[i]]
+                logprob[i] = float(lp) if np.isfinite(lp) else float("nan")
                 nonfinite += bool(gen.nonfinite_steps) or not np.isfinite(gen.first_logits).all()
-                generated.append(gen.tokens)
-                tokens += len(prompt) + len(gen.tokens)
+                generated[i] = gen.tokens
+                tokens += len(prompts[i]) + len(gen.tokens)
                 progress(1)
             realized = ctx.realized
         return RunResult(

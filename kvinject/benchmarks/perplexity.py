@@ -26,7 +26,6 @@ from ..exceptions import DataError
 from ..model import Model
 from ..realized import sumsq
 from .base import Benchmark, Plan, Progress, RunResult
-from .nexttoken import log_softmax
 
 
 class _Tally:
@@ -86,56 +85,44 @@ class Perplexity(Benchmark):
     def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress) -> Iterator[RunResult]:
         tokens = self._tokens if self._tokens is not None else self.tokens(model)
         n_ctx, first = self.n_ctx, self.n_ctx // 2
+        scored = n_ctx - first  # outputs per chunk; the last predicts past the chunk
         add_bos = ll.llama_vocab_get_add_bos(model.vocab)
+        n_seq = min(model.chunks_per_decode(n_ctx), len(self))
         jobs = [(config, run) for config, runs in plan for run in runs]
         tallies = [_Tally() for _ in jobs]
-        contexts = [model.context(c.cache, c.error, c.target, seed=seed, run=r, n_ctx=n_ctx, n_batch=n_ctx) for c, r in jobs]
+        contexts = [
+            model.context(c.cache, c.error, c.target, seed=seed, run=r, n_ctx=n_seq * n_ctx, n_seq=n_seq, n_batch=n_seq * n_ctx)
+            for c, r in jobs
+        ]
         try:
-            for chunk in range(len(self)):
-                piece = tokens[chunk * n_ctx : (chunk + 1) * n_ctx]
+            for group in range(0, len(self), n_seq):
+                chunks = range(group, min(group + n_seq, len(self)))
+                pieces = [tokens[c * n_ctx : (c + 1) * n_ctx] for c in chunks]
                 if add_bos:
-                    piece[0] = model.bos
-                targets = np.array(piece[first + 1 :])
-                base = None  # the control's log-probabilities for this chunk
-                for ctx, tally in zip(contexts, tallies):
+                    for piece in pieces:
+                        piece[0] = model.bos
+                entries = [(t, pos, s, pos >= first) for s, piece in enumerate(pieces) for pos, t in enumerate(piece)]
+                base: list[_Base | None] = [None] * len(pieces)  # the control's, per chunk
+                for job, (ctx, tally) in enumerate(zip(contexts, tallies)):
                     start = time.perf_counter()
-                    ctx.begin_item(chunk)
                     ctx.clear()
-                    ctx.decode([(t, pos, 0, pos >= first) for pos, t in enumerate(piece)])
-                    logp = log_softmax(ctx.output_logits(n_ctx - first)[:-1])
-                    base = self._score(tally, logp, targets, base)
+                    for s, chunk in enumerate(chunks):
+                        ctx.begin_item(chunk, s)
+                    ctx.decode(entries)
+                    logits = ctx.output_logits(len(pieces) * scored)
+                    for s, piece in enumerate(pieces):
+                        rows = logits[s * scored : (s + 1) * scored - 1]
+                        if job == 0:  # the control: kept for the others to compare with
+                            base[s] = _score(tally, rows, np.array(piece[first + 1 :]), None, keep=len(jobs) > 1)
+                        else:
+                            _score(tally, rows, np.array(piece[first + 1 :]), base[s], keep=False)
                     tally.seconds += time.perf_counter() - start
-                    progress(1)
+                    progress(len(pieces))
         finally:
             for ctx in contexts:
                 ctx.close()
         for (config, run), tally, ctx in zip(jobs, tallies, contexts):
             yield self._result(config, run, tally, ctx)
-
-    @staticmethod
-    def _score(tally: _Tally, logp: np.ndarray, targets: np.ndarray, base: np.ndarray | None) -> np.ndarray:
-        rows = np.arange(len(targets))
-        nll = -logp[rows, targets]
-        if not np.isfinite(logp).all():
-            tally.nonfinite += 1
-            tally.chunk_nll.append(math.nan)
-            tally.chunk_kld.append(math.nan)
-            return base if base is not None else logp
-        tally.nll += float(nll.sum())
-        tally.nll2 += sumsq(nll)
-        tally.count += len(nll)
-        tally.chunk_nll.append(float(nll.mean()))
-        if base is None:  # this is the control
-            tally.chunk_kld.append(math.nan)
-            return logp
-        kld = (np.exp(base) * (base - logp)).sum(axis=1)
-        tally.kld += float(kld.sum())
-        tally.chunk_kld.append(float(kld.mean()))
-        tally.same_top += int(np.count_nonzero(base.argmax(axis=1) == logp.argmax(axis=1)))
-        dp = np.exp(logp[rows, targets]) - np.exp(base[rows, targets])
-        tally.dp2 += sumsq(dp)
-        tally.compared += len(targets)
-        return base
 
     def _result(self, config: Configuration, run: int, tally: _Tally, ctx) -> RunResult:
         n = tally.count
@@ -164,3 +151,46 @@ class Perplexity(Benchmark):
             tally.seconds,
             len(tally.chunk_nll) * self.n_ctx,
         )
+
+
+class _Base:
+    """What the control's log-probabilities of one chunk are compared with."""
+
+    def __init__(self, shifted: np.ndarray, lse: np.ndarray, targets: np.ndarray):
+        logp = shifted - lse[:, None].astype(np.float32)
+        self.p = np.exp(logp)
+        self.p_sum = self.p.sum(axis=1, dtype=np.float64)
+        self.neg_entropy = (self.p * logp).sum(axis=1, dtype=np.float64)
+        self.top = shifted.argmax(axis=1)
+        self.logp_target = logp[np.arange(len(targets)), targets].astype(np.float64)
+
+
+def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, base: _Base | None, keep: bool) -> _Base | None:
+    """Fold one chunk's scored logits into ``tally``, compared with the control's ``base``
+    when given; with ``keep``, return what other jobs compare with (None when not finite).
+    As in llama-perplexity, exponentials are float32 and sums float64."""
+    if not np.isfinite(logits).all():
+        tally.nonfinite += 1
+        tally.chunk_nll.append(math.nan)
+        tally.chunk_kld.append(math.nan)
+        return None
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(shifted).sum(axis=1, dtype=np.float64))
+    rows = np.arange(len(targets))
+    logp_target = shifted[rows, targets] - lse
+    nll = -logp_target
+    tally.nll += float(nll.sum())
+    tally.nll2 += sumsq(nll)
+    tally.count += len(nll)
+    tally.chunk_nll.append(float(nll.mean()))
+    if base is None:
+        tally.chunk_kld.append(math.nan)
+    else:
+        # KL(base || this) = sum p_b log p_b - sum p_b (shifted - lse), without forming log p.
+        kld = base.neg_entropy - (base.p * shifted).sum(axis=1, dtype=np.float64) + lse * base.p_sum
+        tally.kld += float(kld.sum())
+        tally.chunk_kld.append(float(kld.mean()))
+        tally.same_top += int(np.count_nonzero(base.top == shifted.argmax(axis=1)))
+        tally.dp2 += sumsq(np.exp(logp_target) - np.exp(base.logp_target))
+        tally.compared += len(targets)
+    return _Base(shifted, lse, targets) if keep else None

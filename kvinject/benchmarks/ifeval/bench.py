@@ -9,6 +9,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ...batching import generate_all
 from ...data import bench_data, load_hf
 from ...model import Model
 from ..base import Benchmark, Plan, Progress, RunResult, divergence
@@ -81,17 +82,17 @@ class IFEval(Benchmark):
 
     def _run(self, model, config, run, seed, prompts, control, progress) -> RunResult:
         start = time.perf_counter()
-        verdicts, outputs, texts = [], [], []
+        n = len(prompts)
+        verdicts, outputs, texts = [None] * n, [[] for _ in range(n)], [""] * n
         nonfinite = tokens = 0
-        with model.context(config.cache, config.error, config.target, seed=seed, run=run, n_ctx=self.n_ctx) as ctx:
-            for i, (item, prompt) in enumerate(zip(self.items, prompts)):
-                ctx.begin_item(i)
-                gen = ctx.generate(prompt, self.max_tokens, self.temperature)
-                verdicts.append(score(item, gen.text))
-                outputs.append(gen.tokens)
-                texts.append(gen.text)
+        n_seq = model.parallel
+        per_seq = min(self.n_ctx, max(map(len, prompts)) + self.max_tokens + 1)
+        with model.context(config.cache, config.error, config.target, seed=seed, run=run, n_ctx=n_seq * per_seq, n_seq=n_seq) as ctx:
+            for i, gen in generate_all(ctx, prompts, self.max_tokens, self.temperature, items=range(n)):
+                verdicts[i] = score(self.items[i], gen.text)
+                outputs[i], texts[i] = gen.tokens, gen.text
                 nonfinite += gen.nonfinite_steps > 0
-                tokens += len(prompt) + len(gen.tokens)
+                tokens += len(prompts[i]) + len(gen.tokens)
                 progress(1)
             realized = ctx.realized
         items = {

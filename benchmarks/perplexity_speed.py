@@ -1,0 +1,81 @@
+"""Perplexity throughput: kvinject against llama.cpp's llama-perplexity, and with injection.
+
+    python benchmarks/perplexity_speed.py [--tools DIR] [--ctx 512] [--chunks 16] [--data FILE]
+
+Both evaluate the same model, text, context, chunk count, threads and cache types in this one
+run. Time is the evaluation of the chunks (decoding and scoring), without loading and
+tokenizing: llama-perplexity's from its log timestamps (start of the chunk loop to the final
+estimate), kvinject's from the benchmark's own clock. The PPL of both is printed to show that
+they did the same work. Then the same kvinject evaluation under normal:0,0.25 against none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+from pathlib import Path
+
+from tools import find_tool, run_tool, stamp_before
+
+from kvinject.benchmarks import Perplexity
+from kvinject.config import Configuration
+from kvinject.data import read_text
+from kvinject.model import Model
+from kvinject.options import BackendOptions, CacheOptions
+
+
+def llama_perplexity(tool: Path, model: Model, data: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """(PPL, seconds) of llama-perplexity on the same settings."""
+    out = run_tool([
+        tool, "-m", model.path, "-f", data, "-c", args.ctx, "--chunks", args.chunks, "-t", model.backend.n_threads,
+        "-ngl", model.n_gpu_layers, "-ctk", args.cache_type, "-ctv", args.cache_type,
+        *(["-b", args.ctx * args.parallel] if args.parallel else []),
+    ])
+    seconds = stamp_before(out, "Final estimate") - stamp_before(out, "perplexity: calculating perplexity over")
+    return float(re.search(r"Final estimate: PPL = ([\d.]+)", out)[1]), seconds
+
+
+def kvinject_perplexity(model: Model, bench: Perplexity, spec: str, cache: CacheOptions) -> tuple[float, float]:
+    """(PPL, seconds) of kvinject's perplexity bench for one configuration alone."""
+    config = Configuration.parse(spec, cache=cache)
+    (result,) = bench.evaluate(model, [(config, [0])], seed=0, progress=lambda n: None)
+    return result.metrics["ppl"], result.seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tools", help="folder holding llama-perplexity (else $LLAMA_TOOLS or PATH)")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--data", default=None, help="text file (default: the bundled encyclopedia corpus)")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--chunks", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--parallel", type=int, default=None, help="chunks per decode (default: kvinject's; llama-perplexity's -b 2048)")
+    ap.add_argument("--cache-type", default="f16")
+    args = ap.parse_args()
+    tool = find_tool("llama-perplexity", args.tools)
+    model = Model(args.model, BackendOptions(threads=args.threads, parallel=args.parallel))
+    cache = CacheOptions(type_k=args.cache_type, type_v=args.cache_type)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(args.data) if args.data else Path(tmp) / "corpus.txt"
+        if not args.data:
+            data.write_text(read_text(None, "encyclopedia"))
+        bench = Perplexity(str(data), args.chunks, args.ctx)
+        bench.prepare(model)
+        kvinject_perplexity(model, bench, "none", cache)  # warm up
+        ref_ppl, ref_s = llama_perplexity(tool, model, data, args)
+        ppl, clean_s = kvinject_perplexity(model, bench, "none", cache)
+        _, noisy_s = kvinject_perplexity(model, bench, "normal:0,0.25", cache)
+    tokens = len(bench) * args.ctx
+    print(f"model {model.path.name}, {model.backend.n_threads} threads, {model.n_gpu_layers} GPU layers, "
+          f"ctx {args.ctx}, {len(bench)} chunks, {model.chunks_per_decode(args.ctx)} per kvinject decode, cache {args.cache_type}")
+    print(f"{'run':<34}{'PPL':>9}{'tok/s':>9}{'ratio':>8}")
+    print(f"{'llama-perplexity':<34}{ref_ppl:>9.4f}{tokens / ref_s:>9.1f}{1:>8.3f}")
+    print(f"{'kvinject, none':<34}{ppl:>9.4f}{tokens / clean_s:>9.1f}{ref_s / clean_s:>8.3f}")
+    print(f"{'kvinject, normal:0,0.25':<34}{'':>9}{tokens / noisy_s:>9.1f}{ref_s / noisy_s:>8.3f}")
+    print(f"injection overhead (normal:0,0.25 / none): {clean_s / noisy_s:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Parallel evaluation means the same as sequential: each item gets the noise it gets alone,
+and on the CPU backend the same outputs and scores, with sequences refilled as they finish."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvinject.batching import generate_all
+from kvinject.benchmarks import NextToken, Perplexity
+from kvinject.config import Configuration
+from kvinject.error_models import parse_error
+from kvinject.model import Model
+from kvinject.options import BackendOptions, CacheOptions
+from kvinject.runner import run
+
+from .cache_state import read_cache
+
+F32 = CacheOptions("f32", "f32", "on")
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog while the cat watches.",
+    "Rivers carry sediment from the mountains to the sea, building deltas",
+    "In 1847 the railway reached the town, and with it came",
+    "A recipe for bread needs flour, water, salt and",
+    "The committee met on Tuesday to discuss the budget for the coming",
+]
+
+
+def layer0_factors(tiny, spec, decodes, seq):
+    """Decode ``decodes`` (lists of (token, pos, seq) with items begun per seq) with and without
+    noise; return the factor (noisy / clean) of layer 0's cached K and V of ``seq``. Layer 0's
+    K and V do not depend on earlier injection, so the factor is exactly the injected 1 + e."""
+    caches = []
+    for error in ("none", spec):
+        with tiny.context(F32, parse_error(error), n_seq=2, n_ctx=256, seed=3) as ctx:
+            for seq_of, item in decodes["items"]:
+                ctx.begin_item(item, seq_of)
+            for entries in decodes["batches"]:
+                ctx.decode([(t, pos, s, False) for t, pos, s in entries])
+            caches.append(read_cache(ctx, seq))
+    return {c: caches[1][c, 0] / caches[0][c, 0] for c in "kv"}
+
+
+def test_an_item_gets_the_same_noise_in_a_shared_decode_as_alone(tiny):
+    a, b = (tiny.tokenize(t) for t in TEXTS[:2])
+    alone = layer0_factors(tiny, "normal:0,0.25", {"items": [(0, 7)], "batches": [[(t, i, 0) for i, t in enumerate(a)]]}, 0)
+    # Item 7 on sequence 1, decoded after item 4's rows in the same decode.
+    shared_batch = [(t, i, 0) for i, t in enumerate(b)] + [(t, i, 1) for i, t in enumerate(a)]
+    shared = layer0_factors(tiny, "normal:0,0.25", {"items": [(0, 4), (1, 7)], "batches": [shared_batch]}, 1)
+    neighbour = layer0_factors(tiny, "normal:0,0.25", {"items": [(0, 4), (1, 7)], "batches": [shared_batch]}, 0)
+    for c in "kv":
+        assert np.std(alone[c] - 1) == pytest.approx(0.25, rel=0.1)
+        np.testing.assert_allclose(shared[c], alone[c], rtol=1e-5)
+        n = min(len(neighbour[c]), len(alone[c]))
+        assert not np.allclose(neighbour[c][:n], alone[c][:n]), "another item must get other noise"
+
+
+def generate(model, spec, n_seq, seed=0, stop=None):
+    prompts = [model.tokenize(t) for t in TEXTS]
+    with model.context(error=parse_error(spec), n_seq=n_seq, n_ctx=n_seq * 64, seed=seed) as ctx:
+        out = dict(generate_all(ctx, prompts, 12, stop=stop, items=range(len(prompts))))
+        sites = dict(ctx.hook.site_counts) if ctx.hook else {}
+    return [out[i].tokens for i in range(len(prompts))], sites
+
+
+def test_parallel_generation_reproduces_sequential_outputs_on_cpu(tiny):
+    """Sequences of different lengths (a stop rule on the tokens) so that finished ones are
+    refilled while others run; every output equals the sequential one, noise included."""
+
+    def stop(tokens):
+        return tokens[-1] % 5 == 0
+
+    sequential, _ = generate(tiny, "normal:0,0.25", 1, stop=stop)
+    parallel, sites = generate(tiny, "normal:0,0.25", 3, stop=stop)
+    assert len({len(o) for o in sequential}) > 1, "the test needs outputs of different lengths"
+    assert parallel == sequential
+    other_seed, _ = generate(tiny, "normal:0,0.25", 3, seed=1, stop=stop)
+    assert other_seed != sequential
+    # Fewer decodes than tokens: generated tokens of several sequences shared decodes.
+    n_tokens = sum(len(o) for o in parallel)
+    assert sites[("k", 0)] < len(TEXTS) + n_tokens
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tiny_path):
+    models = {n: Model(str(tiny_path), BackendOptions(parallel=n)) for n in (1, 4)}
+    yield models
+    for m in models.values():
+        m.close()
+
+
+def test_benchmarks_score_the_same_sequentially_and_in_parallel(tiny_models):
+    configs = [Configuration.parse("none"), Configuration.parse("normal:0,0.25")]
+    results = {}
+    for n, model in tiny_models.items():
+        benches = [NextToken(limit=12), Perplexity(None, chunks=6, n_ctx=64)]
+        results[n] = {(r.bench, r.config.label, r.run): r for r in run(model, benches, configs, runs=2, seed=0)}
+    assert results[1].keys() == results[4].keys()
+    for key, seq in results[1].items():
+        par = results[4][key]
+        if key[0] == "nexttoken":
+            assert par.outputs == seq.outputs and par.items == seq.items
+        else:
+            for metric, value in seq.metrics.items():
+                assert par.metrics[metric] == pytest.approx(value, rel=1e-5, abs=1e-7), (key, metric)
+    noisy = [r for k, r in results[4].items() if k[1] != "none"]
+    assert noisy[0].metrics != noisy[1].metrics, "the two runs must differ"

@@ -7,12 +7,14 @@ run. Time is the evaluation of the chunks (decoding and scoring), without loadin
 tokenizing: llama-perplexity's from its log timestamps (start of the chunk loop to the final
 estimate), kvinject's from the benchmark's own clock. The PPL of both is printed to show that
 they did the same work. Then the same kvinject evaluation under normal:0,0.25 against none.
+The three alternate --repeats times; medians are reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -49,7 +51,8 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--data", default=None, help="text file (default: the bundled encyclopedia corpus)")
     ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--chunks", type=int, default=16)
+    ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--parallel", type=int, default=None, help="chunks per decode (default: kvinject's; llama-perplexity's -b 2048)")
     ap.add_argument("--cache-type", default="f16")
@@ -63,13 +66,22 @@ def main() -> None:
             data.write_text(read_text(None, "encyclopedia"))
         bench = Perplexity(str(data), args.chunks, args.ctx)
         bench.prepare(model)
-        kvinject_perplexity(model, bench, "none", cache)  # warm up
-        ref_ppl, ref_s = llama_perplexity(tool, model, data, args)
-        ppl, clean_s = kvinject_perplexity(model, bench, "none", cache)
-        _, noisy_s = kvinject_perplexity(model, bench, "normal:0,0.25", cache)
+        warm_up = Perplexity(str(data), model.chunks_per_decode(args.ctx), args.ctx)
+        warm_up.prepare(model)
+        kvinject_perplexity(model, warm_up, "none", cache)
+        seconds: dict[str, list[float]] = {"ref": [], "none": [], "normal:0,0.25": []}
+        for _ in range(args.repeats):
+            ref_ppl, s = llama_perplexity(tool, model, data, args)
+            seconds["ref"].append(s)
+            for spec in ("none", "normal:0,0.25"):
+                value, s = kvinject_perplexity(model, bench, spec, cache)
+                seconds[spec].append(s)
+                if spec == "none":
+                    ppl = value
+    ref_s, clean_s, noisy_s = (statistics.median(v) for v in seconds.values())
     tokens = len(bench) * args.ctx
     print(f"model {model.path.name}, {model.backend.n_threads} threads, {model.n_gpu_layers} GPU layers, "
-          f"ctx {args.ctx}, {len(bench)} chunks, {model.chunks_per_decode(args.ctx)} per kvinject decode, cache {args.cache_type}")
+          f"ctx {args.ctx}, {len(bench)} chunks, {model.chunks_per_decode(args.ctx)} per kvinject decode, cache {args.cache_type}; median of {args.repeats}")
     print(f"{'run':<34}{'PPL':>9}{'tok/s':>9}{'ratio':>8}")
     print(f"{'llama-perplexity':<34}{ref_ppl:>9.4f}{tokens / ref_s:>9.1f}{1:>8.3f}")
     print(f"{'kvinject, none':<34}{ppl:>9.4f}{tokens / clean_s:>9.1f}{ref_s / clean_s:>8.3f}")

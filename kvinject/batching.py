@@ -5,10 +5,10 @@ runs alone) or the next token of every generating sequence; a sequence that fini
 the next prompt at once. So an item's tokens reach the cache in the same groups whatever runs
 beside it, and with noise seeded per item (``Context.begin_item``) it gets the same noise.
 
-Decoding prompts alone also keeps llama.cpp's kernels the same as in sequential evaluation:
+Decoding prompts alone also keeps more of llama.cpp's kernels as in sequential evaluation:
 the CPU backend switches flash attention to a tiled kernel with another summation order at
-64 query rows, which moves logits as much as an f16 instead of an f32 cache does
-(docs/performance.md). Generated tokens, fewer than that per decode, are computed row by row.
+64 query rows, which moves logits as much as an f16 instead of an f32 cache does. Outputs can
+still differ from sequential ones through numerics; docs/performance.md measures how often.
 """
 
 from __future__ import annotations

@@ -182,7 +182,9 @@ class Normal(Multiplicative):
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         z = rng.standard_normal(n, dtype=np.float32)
-        return np.float32(1 + self.mean) + np.float32(self.std) * z
+        z *= np.float32(self.std)
+        z += np.float32(1 + self.mean)
+        return z
 
 
 @register

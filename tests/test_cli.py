@@ -32,6 +32,7 @@ def test_errors_lists_every_registered_model():
         (["generate", "hi", "--cache-type-k", "q3"], "not a cache type"),
         (["generate", "hi", "--layers", "x-1"], "bad --layers"),
         (["generate", "hi", "--model", "/nonexistent/model.gguf"], "model file not found"),
+        (["run", "--bench", "nexttoken", "--parallel", "0"], "--parallel must be between 1 and 256"),
     ],
 )
 def test_bad_input_fails_with_a_clear_message(args, message):
@@ -63,11 +64,12 @@ def test_run_rejects_unknown_bench_and_ambiguous_data():
 
 def test_run_writes_json_records_and_aggregates(tiny_path, tmp_path):
     output, csv = tmp_path / "out.json", tmp_path / "out.csv"
-    out = kvinject("run", "--bench", "nexttoken", "--error", "normal:0,0.5", "--runs", "2", "--limit", "4", "--model", str(tiny_path), "-o", str(output), "--csv", str(csv))
+    out = kvinject("run", "--bench", "nexttoken", "--error", "normal:0,0.5", "--runs", "2", "--limit", "4", "--parallel", "3", "--model", str(tiny_path), "-o", str(output), "--csv", str(csv))
     assert out.returncode == 0, out.stderr
     assert "nexttoken" in out.stdout and "normal:0,0.5" in out.stdout
     data = json.loads(output.read_text())
     assert data["meta"]["model_sha256"] and data["meta"]["runs"] == 2 and data["meta"]["seed"] == 0
+    assert data["meta"]["parallel"] == 3
     assert [(r["label"], r["run"]) for r in data["records"]] == [("none", 0), ("normal:0,0.5", 0), ("normal:0,0.5", 1)]
     assert {a["metric"] for a in data["aggregates"]} >= {"accuracy", "mean_logprob", "diverged"}
     assert csv.read_text().startswith("bench,label,metric")

@@ -90,6 +90,8 @@ class Perplexity(Benchmark):
         n_seq = min(model.chunks_per_decode(n_ctx), len(self))
         jobs = [(config, run) for config, runs in plan for run in runs]
         tallies = [_Tally() for _ in jobs]
+        scratch = _Scratch(scored - 1, model.n_vocab)
+        bases = [_Base(scored - 1, model.n_vocab) for _ in range(n_seq)] if len(jobs) > 1 else []
         contexts = [
             model.context(c.cache, c.error, c.target, seed=seed, run=r, n_ctx=n_seq * n_ctx, n_seq=n_seq, n_batch=n_seq * n_ctx)
             for c, r in jobs
@@ -102,7 +104,6 @@ class Perplexity(Benchmark):
                     for piece in pieces:
                         piece[0] = model.bos
                 entries = [(t, pos, s, pos >= first) for s, piece in enumerate(pieces) for pos, t in enumerate(piece)]
-                base: list[_Base | None] = [None] * len(pieces)  # the control's, per chunk
                 for job, (ctx, tally) in enumerate(zip(contexts, tallies)):
                     start = time.perf_counter()
                     ctx.clear()
@@ -112,10 +113,11 @@ class Perplexity(Benchmark):
                     logits = ctx.output_logits(len(pieces) * scored)
                     for s, piece in enumerate(pieces):
                         rows = logits[s * scored : (s + 1) * scored - 1]
-                        if job == 0:  # the control: kept for the others to compare with
-                            base[s] = _score(tally, rows, np.array(piece[first + 1 :]), None, keep=len(jobs) > 1)
+                        targets = np.array(piece[first + 1 :])
+                        if job == 0:  # the control, kept for the others to compare with
+                            _score(tally, rows, targets, scratch, None, bases[s] if bases else None)
                         else:
-                            _score(tally, rows, np.array(piece[first + 1 :]), base[s], keep=False)
+                            _score(tally, rows, targets, scratch, bases[s], None)
                     tally.seconds += time.perf_counter() - start
                     progress(len(pieces))
         finally:
@@ -153,29 +155,46 @@ class Perplexity(Benchmark):
         )
 
 
+class _Scratch:
+    """Work arrays of one chunk's scored logits, allocated once: a fresh 50 MB array per chunk
+    costs more in page faults than the arithmetic (5x, measured right after a decode)."""
+
+    def __init__(self, rows: int, n_vocab: int):
+        self.shifted = np.empty((rows, n_vocab), dtype=np.float32)
+        self.work = np.empty_like(self.shifted)
+
+
 class _Base:
-    """What the control's log-probabilities of one chunk are compared with."""
+    """The control's probabilities of one chunk, which the other jobs are compared with."""
 
-    def __init__(self, shifted: np.ndarray, lse: np.ndarray, targets: np.ndarray):
-        logp = shifted - lse[:, None].astype(np.float32)
-        self.p = np.exp(logp)
+    def __init__(self, rows: int, n_vocab: int):
+        self.p = np.empty((rows, n_vocab), dtype=np.float32)
+        self.valid = False
+
+    def fill(self, scratch: _Scratch, lse: np.ndarray, logp_target: np.ndarray) -> None:
+        logp = np.subtract(scratch.shifted, lse[:, None].astype(np.float32), out=scratch.work)
+        np.exp(logp, out=self.p)
         self.p_sum = self.p.sum(axis=1, dtype=np.float64)
-        self.neg_entropy = (self.p * logp).sum(axis=1, dtype=np.float64)
-        self.top = shifted.argmax(axis=1)
-        self.logp_target = logp[np.arange(len(targets)), targets].astype(np.float64)
+        self.neg_entropy = np.multiply(self.p, logp, out=scratch.work).sum(axis=1, dtype=np.float64)
+        self.top = scratch.shifted.argmax(axis=1)
+        self.logp_target = logp_target
+        self.valid = True
 
 
-def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, base: _Base | None, keep: bool) -> _Base | None:
+def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, scratch: _Scratch, base: _Base | None, keep: _Base | None) -> None:
     """Fold one chunk's scored logits into ``tally``, compared with the control's ``base``
-    when given; with ``keep``, return what other jobs compare with (None when not finite).
-    As in llama-perplexity, exponentials are float32 and sums float64."""
-    if not np.isfinite(logits).all():
+    when valid; fill ``keep`` for the other jobs to compare with. As in llama-perplexity,
+    exponentials are float32 and sums float64."""
+    top = logits.max(axis=1, keepdims=True)
+    if not (np.isfinite(top).all() and np.isfinite(logits.min(axis=1)).all()):
         tally.nonfinite += 1
         tally.chunk_nll.append(math.nan)
         tally.chunk_kld.append(math.nan)
-        return None
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(shifted).sum(axis=1, dtype=np.float64))
+        if keep is not None:
+            keep.valid = False
+        return
+    shifted = np.subtract(logits, top, out=scratch.shifted)
+    lse = np.log(np.exp(shifted, out=scratch.work).sum(axis=1, dtype=np.float64))
     rows = np.arange(len(targets))
     logp_target = shifted[rows, targets] - lse
     nll = -logp_target
@@ -183,14 +202,16 @@ def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, base: _Base |
     tally.nll2 += sumsq(nll)
     tally.count += len(nll)
     tally.chunk_nll.append(float(nll.mean()))
-    if base is None:
+    if base is None or not base.valid:
         tally.chunk_kld.append(math.nan)
     else:
         # KL(base || this) = sum p_b log p_b - sum p_b (shifted - lse), without forming log p.
-        kld = base.neg_entropy - (base.p * shifted).sum(axis=1, dtype=np.float64) + lse * base.p_sum
+        cross = np.multiply(base.p, shifted, out=scratch.work).sum(axis=1, dtype=np.float64)
+        kld = base.neg_entropy - cross + lse * base.p_sum
         tally.kld += float(kld.sum())
         tally.chunk_kld.append(float(kld.mean()))
         tally.same_top += int(np.count_nonzero(base.top == shifted.argmax(axis=1)))
         tally.dp2 += sumsq(np.exp(logp_target) - np.exp(base.logp_target))
         tally.compared += len(targets)
-    return _Base(shifted, lse, targets) if keep else None
+    if keep is not None:
+        keep.fill(scratch, lse, logp_target)

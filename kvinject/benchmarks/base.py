@@ -9,6 +9,7 @@ from typing import Callable, ClassVar, Iterator
 import numpy as np
 
 from ..config import Configuration
+from ..context import Context
 from ..model import Model
 from ..realized import Realized
 
@@ -94,6 +95,13 @@ class Benchmark(ABC):
     def settings(self) -> dict[str, object]:
         """The benchmark's options, recorded with every result."""
         return {}
+
+
+def generation_context(model: Model, config: Configuration, seed: int, run: int, per_seq: int) -> Context:
+    """A context for one run of a generation benchmark: ``model.parallel`` sequences of
+    ``per_seq`` cells each."""
+    n_seq = model.parallel
+    return model.context(config.cache, config.error, config.target, seed=seed, run=run, n_ctx=n_seq * per_seq, n_seq=n_seq)
 
 
 def nanmean(values: list[float]) -> float:

@@ -19,7 +19,7 @@ from ..batching import generate_all
 from ..data import read_text
 from ..exceptions import DataError
 from ..model import Model
-from .base import Benchmark, Plan, Progress, RunResult, divergence, nanmean
+from .base import Benchmark, Plan, Progress, RunResult, divergence, generation_context, nanmean
 
 # WikiText marks intra-word hyphens and number separators as " @-@ ", " @,@ ", " @.@ ".
 _WIKITEXT_JOINS = re.compile(r" @([-,.])@ ")
@@ -102,9 +102,8 @@ class NextToken(Benchmark):
 
         n = len(prompts)
         correct, logprob, generated = [0.0] * n, [0.0] * n, [[] for _ in range(n)]
-        n_seq = model.parallel
         per_seq = max(map(len, prompts)) + MAX_WORD_TOKENS + 1
-        with model.context(config.cache, config.error, config.target, seed=seed, run=run, n_ctx=n_seq * per_seq, n_seq=n_seq) as ctx:
+        with generation_context(model, config, seed, run, per_seq) as ctx:
             for i, gen in generate_all(ctx, prompts, MAX_WORD_TOKENS, stop=word_done, items=range(n)):
                 words = gen.text.split()
                 guess = normalize_word(words[0]) if words else ""

@@ -104,6 +104,7 @@ class Perplexity(Benchmark):
                     for piece in pieces:
                         piece[0] = model.bos
                 entries = [(t, pos, s, pos >= first) for s, piece in enumerate(pieces) for pos, t in enumerate(piece)]
+                targets = [np.array(piece[first + 1 :]) for piece in pieces]
                 for job, (ctx, tally) in enumerate(zip(contexts, tallies)):
                     start = time.perf_counter()
                     ctx.clear()
@@ -111,13 +112,12 @@ class Perplexity(Benchmark):
                         ctx.begin_item(chunk, s)
                     ctx.decode(entries)
                     logits = ctx.output_logits(len(pieces) * scored)
-                    for s, piece in enumerate(pieces):
+                    for s in range(len(pieces)):
                         rows = logits[s * scored : (s + 1) * scored - 1]
-                        targets = np.array(piece[first + 1 :])
                         if job == 0:  # the control, kept for the others to compare with
-                            _score(tally, rows, targets, scratch, None, bases[s] if bases else None)
+                            _score(tally, rows, targets[s], scratch, None, bases[s] if bases else None)
                         else:
-                            _score(tally, rows, targets, scratch, bases[s], None)
+                            _score(tally, rows, targets[s], scratch, bases[s], None)
                     tally.seconds += time.perf_counter() - start
                     progress(len(pieces))
         finally:

@@ -12,7 +12,7 @@ import numpy as np
 from ...batching import generate_all
 from ...data import bench_data, load_hf
 from ...model import Model
-from ..base import Benchmark, Plan, Progress, RunResult, divergence
+from ..base import Benchmark, Plan, Progress, RunResult, divergence, generation_context
 from .scoring import IFEvalItem, exclude, metrics, parse_items, read_items, score
 
 DEFAULT_DATA = "ifeval_style.jsonl"
@@ -85,9 +85,8 @@ class IFEval(Benchmark):
         n = len(prompts)
         verdicts, outputs, texts = [None] * n, [[] for _ in range(n)], [""] * n
         nonfinite = tokens = 0
-        n_seq = model.parallel
         per_seq = min(self.n_ctx, max(map(len, prompts)) + self.max_tokens + 1)
-        with model.context(config.cache, config.error, config.target, seed=seed, run=run, n_ctx=n_seq * per_seq, n_seq=n_seq) as ctx:
+        with generation_context(model, config, seed, run, per_seq) as ctx:
             for i, gen in generate_all(ctx, prompts, self.max_tokens, self.temperature, items=range(n)):
                 verdicts[i] = score(self.items[i], gen.text)
                 outputs[i], texts[i] = gen.tokens, gen.text

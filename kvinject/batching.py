@@ -51,12 +51,15 @@ def generate_all(
     temperature: float = 0.0,
     stop: Callable[[list[int]], bool] | None = None,
     items: Sequence[int] | None = None,
+    ignore_eos: bool = False,
 ) -> Iterator[tuple[int, Generation]]:
     """Generate after every prompt, up to ``ctx.n_seq`` at a time; yield ``(index, generation)``
     as each finishes. ``items[i]`` seeds prompt ``i`` (see ``Context.begin_item``); without
     ``items`` the sequences keep the streams they have. Greedy unless temperature > 0; a
     generation ends at an end-of-generation token, ``stop(tokens)``, ``max_tokens`` or the
-    sequence's share of the context. NaN/Inf logits never crash: they are counted."""
+    sequence's share of the context. NaN/Inf logits never crash: they are counted.
+    ``ignore_eos`` generates past end-of-generation tokens, as llama-batched-bench does: the
+    same amount of work whatever the model says, for speed measurements."""
     for p in prompts:
         if not 0 < len(p) < ctx.n_ctx_seq:
             raise DataError(f"a prompt of {len(p)} tokens does not fit a context of {ctx.n_ctx_seq} tokens per sequence (raise --ctx)")
@@ -87,13 +90,13 @@ def generate_all(
             asks = [(s, i) for i, s in enumerate(active)]
         ctx.decode(entries)
         for slot, i in asks:
-            if _step(ctx, slot, ctx.logits(i), max_tokens, temperature, stop):
+            if _step(ctx, slot, ctx.logits(i), max_tokens, temperature, stop, ignore_eos):
                 active.remove(slot)
                 free.append(slot.seq)
                 yield slot.index, Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, slot.first)
 
 
-def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop) -> bool:
+def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop, ignore_eos: bool) -> bool:
     """Pick the slot's next token from ``logits``; True when its generation is finished."""
     if slot.first is None:
         slot.first = logits.copy()
@@ -103,7 +106,7 @@ def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temper
         slot.nonfinite += 1
         logits = np.nan_to_num(logits, nan=-np.inf)
     token = ctx.pick(logits, temperature, slot.seq)
-    if ctx.model.is_eog(token):
+    if ctx.model.is_eog(token) and not ignore_eos:
         return True
     slot.out.append(token)
     return (

@@ -14,6 +14,21 @@ def sumsq(x: np.ndarray) -> float:
     return float(np.square(x, dtype=np.float64).sum())
 
 
+class Workspace:
+    """Temporaries for :meth:`RealizedStats.add`, kept between calls: for the values of a
+    decode, fresh arrays cost more in page faults than the arithmetic."""
+
+    def __init__(self) -> None:
+        self._floats = np.empty((2, 0), np.float32)
+        self._mask = np.empty(0, bool)
+
+    def take(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._mask.size < n:
+            self._floats = np.empty((2, n), np.float32)
+            self._mask = np.empty(n, bool)
+        return self._floats[0, :n], self._floats[1, :n], self._mask[:n]
+
+
 @dataclass
 class RealizedStats:
     """Running sums over every component written to the cache for one of K or V.
@@ -33,11 +48,31 @@ class RealizedStats:
     signal: float = 0.0
     noise: float = 0.0
 
-    def add(self, before: np.ndarray, after: np.ndarray, sites: int = 1) -> None:
-        # float32 arithmetic with float64 sums: this runs after every decode.
+    def add(self, before: np.ndarray, after: np.ndarray, sites: int = 1, work: Workspace | None = None) -> None:
+        # float32 arithmetic into reused arrays, float64 sums: this runs after every decode.
         b, a = before.ravel(), after.ravel()
         self.values += b.size
         self.sites += sites
+        diff, tmp, mask = (work or Workspace()).take(b.size)
+        with np.errstate(all="ignore"):
+            np.subtract(a, b, out=diff)
+            noise = float(np.square(diff, out=tmp).sum(dtype=np.float64))
+            signal = float(np.square(b, out=tmp).sum(dtype=np.float64))
+            rel_sum = float(np.divide(diff, b, out=tmp).sum(dtype=np.float64))
+            rel_sumsq = float(np.square(tmp, out=tmp).sum(dtype=np.float64))
+        if not math.isfinite(noise + signal + rel_sum + rel_sumsq):  # a non-finite value, a zero before, an overflow
+            self._add_masked(b, a)
+            return
+        self.changed += int(np.count_nonzero(diff))
+        self.signal += signal
+        self.noise += noise
+        self.rel_n += b.size
+        self.rel_sum += rel_sum
+        self.rel_sumsq += rel_sumsq
+        with np.errstate(over="ignore", under="ignore"):
+            self.sign_flips += int(np.count_nonzero(np.less(np.multiply(a, b, out=tmp), 0, out=mask)))
+
+    def _add_masked(self, b: np.ndarray, a: np.ndarray) -> None:
         self.changed += int(np.count_nonzero(a != b))
         finite = np.isfinite(a)
         n_finite = int(np.count_nonzero(finite))

@@ -66,3 +66,15 @@ def test_perplexity_agrees_with_llama_perplexity(smollm):
     (result,) = run(smollm, [Perplexity(str(WIKITEXT), chunks=16, n_ctx=128)], [Configuration()], runs=1)
     assert result.metrics["ppl"] == pytest.approx(35.0054, rel=0.005)
     assert result.metrics["ppl_err"] == pytest.approx(3.62590, rel=0.005)
+
+
+def test_ignore_eos_generates_past_the_end_of_an_answer(smollm):
+    from kvinject.batching import generate_all
+
+    prompt = smollm.tokenize(smollm.chat_prompt("Reply with one word: is the sky blue?"), parse_special=True)
+    with smollm.context() as ctx:
+        ((_, short),) = generate_all(ctx, [prompt], max_tokens=40)
+        ((_, full),) = generate_all(ctx, [prompt], max_tokens=40, ignore_eos=True)
+    assert len(short.tokens) < 40
+    assert len(full.tokens) == 40 and full.tokens[: len(short.tokens)] == short.tokens
+    assert smollm.is_eog(full.tokens[len(short.tokens)])

@@ -7,6 +7,7 @@ import pytest
 
 from kvinject.error_models import ErrorModel, parse_error
 from kvinject.exceptions import InjectionError, ModelError
+from kvinject.hook import GraphNode, Plan
 from kvinject.options import CacheOptions
 from kvinject.target import Target
 
@@ -156,3 +157,40 @@ def test_a_graph_without_the_expected_nodes_is_an_error_not_a_silent_run(tiny, m
     monkeypatch.setattr(hook.KVHook, "_node_name", staticmethod(lambda c, il: f"{c.upper()}new-{il}".encode()))
     with pytest.raises(ModelError, match="not supported"):
         tiny.context(F32, parse_error("normal:0,0.1"))
+
+
+def test_one_claim_per_layer_changes_both_k_and_v(tiny):
+    """The hook splits the graph once per layer, at the later of K and V, and still changes
+    both: what reaches the cache is checked above; here, that it takes one claim to do it."""
+    _, ctx = run(tiny, "normal:0,0.25", steps=0)
+    together = sorted(sorted(names) for names in ctx.hook.plan.claims.values())
+    assert together == [[f"Kcur-{il}".encode(), f"Vcur-{il}".encode()] for il in range(2)]
+    ctx.close()
+
+
+def node(ptr, name, op=1, reads=()):
+    return GraphNode(ptr, name.encode(), op, frozenset(reads))
+
+
+SITES = {b"Kcur-0": ("k", 0), b"Vcur-0": ("v", 0)}
+
+
+def test_plan_merges_k_into_v_s_claim_only_when_nothing_reads_k_in_between():
+    # Gemma-like: K projected, normalized under another name, then named Kcur again (two runs).
+    graph = [node(1, "Kcur-0", 2), node(2, "Knorm-0", 3, {1}), node(3, "Kcur-0", 4, {2}), node(4, "Vcur-0", 2), node(5, "Vcur-0", 5, {4})]
+    plan = Plan.learn(graph, SITES)
+    assert plan.n_runs == {b"Kcur-0": 2, b"Vcur-0": 1}
+    assert plan.final_op == {b"Kcur-0": 4, b"Vcur-0": 5}
+    assert plan.claims == {b"Vcur-0": (b"Kcur-0", b"Vcur-0")}
+    # a node between the two that reads the final K (a cache write, say) forbids the merge
+    graph.insert(3, node(9, "k_cache_write", 6, {3}))
+    assert Plan.learn(graph, SITES).claims == {b"Kcur-0": (b"Kcur-0",), b"Vcur-0": (b"Vcur-0",)}
+    # so does a view of it
+    graph[3] = node(9, "k_view", 7, {3})
+    assert Plan.learn(graph, SITES).claims == {b"Kcur-0": (b"Kcur-0",), b"Vcur-0": (b"Vcur-0",)}
+
+
+def test_plan_follows_graph_order_whichever_comes_first():
+    graph = [node(1, "Vcur-0"), node(2, "Kcur-0", 4), node(3, "attn", 8, {1, 2})]
+    assert Plan.learn(graph, SITES).claims == {b"Kcur-0": (b"Vcur-0", b"Kcur-0")}
+    assert Plan.learn(graph, {b"Vcur-0": ("v", 0)}).claims == {b"Vcur-0": (b"Vcur-0",)}

@@ -150,3 +150,15 @@ def test_report_draws_degradation_curves(tmp_path, tiny_path):
     out = subprocess.run([sys.executable, "-m", "kvinject", "report", str(store), "--plot", str(png)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_dry_run_estimate_counts_parallel_generation(tmp_path, tiny_path):
+    from kvinject.sweep import Sweep
+
+    estimates = {}
+    for parallel in (1, 8, 32):
+        path = write_grid(tmp_path, tiny_path, text=GRID.replace("runs = 2", f"runs = 2\nparallel = {parallel}"))
+        with Store(tmp_path / f"p{parallel}.sqlite") as store:
+            sw = Sweep(load_grid(path), store)
+            estimates[parallel] = sw.estimate_seconds(sw.plan())
+    assert estimates[1] > estimates[8] == estimates[32]  # no gain beyond 8 sequences on 2 cores

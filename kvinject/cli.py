@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -33,7 +34,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help texts show spec syntax such as ERROR[@K[/V]] literally
 )
-console = Console()
+# Piped or redirected output has no width to fit: give the tables room rather than cut
+# their cells short (COLUMNS still decides where it is set).
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200)
 
 # Options shared by every command that loads a model.
 ModelOpt = Annotated[

@@ -11,7 +11,8 @@ import pytest
 
 
 def kvinject(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvinject", *args], capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # as when piped from a script
+    return subprocess.run([sys.executable, "-m", "kvinject", *args], capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_errors_lists_every_registered_model():
@@ -67,6 +68,7 @@ def test_run_writes_json_records_and_aggregates(tiny_path, tmp_path):
     out = kvinject("run", "--bench", "nexttoken", "--error", "normal:0,0.5", "--runs", "2", "--limit", "4", "--parallel", "3", "--model", str(tiny_path), "-o", str(output), "--csv", str(csv))
     assert out.returncode == 0, out.stderr
     assert "nexttoken" in out.stdout and "normal:0,0.5" in out.stdout
+    assert "…" not in out.stdout, "piped tables must not cut their cells short"
     data = json.loads(output.read_text())
     assert data["meta"]["model_sha256"] and data["meta"]["runs"] == 2 and data["meta"]["seed"] == 0
     assert data["meta"]["parallel"] == 3

@@ -6,8 +6,8 @@ Runs the IFEval-style and next-token benchmarks with --parallel 1 and --parallel
 control and normal:0,0.25 (same seed, so the same noise per item), and prints per benchmark
 and configuration the share of items whose output differs, the mean position of the first
 differing token, and the headline metric both ways. Items differ only through llama.cpp's
-numerics (kernels chosen by batch size, summation order over cache cells), not through what
-they are or the noise they get.
+numerics (where their cells lie in the shared cache, see placement_agreement.py), not through
+what they are or the noise they get.
 """
 
 from __future__ import annotations

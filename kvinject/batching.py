@@ -8,7 +8,10 @@ beside it, and with noise seeded per item (``Context.begin_item``) it gets the s
 Decoding prompts alone also keeps more of llama.cpp's kernels as in sequential evaluation:
 the CPU backend switches flash attention to a tiled kernel with another summation order at
 64 query rows, which moves logits as much as an f16 instead of an f32 cache does. Outputs can
-still differ from sequential ones through numerics; docs/performance.md measures how often.
+still differ from sequential ones, through where an item's cells lie in the shared cache:
+attention sums over cells in cell order, and refilling puts an item's later tokens in cells
+freed before its earlier ones; and single-query decodes over 512 or more cells split the
+cells among threads. docs/performance.md measures both.
 """
 
 from __future__ import annotations

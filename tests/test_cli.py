@@ -34,6 +34,9 @@ def test_errors_lists_every_registered_model():
         (["generate", "hi", "--layers", "x-1"], "bad --layers"),
         (["generate", "hi", "--model", "/nonexistent/model.gguf"], "model file not found"),
         (["run", "--bench", "nexttoken", "--parallel", "0"], "--parallel must be between 1 and 256"),
+        (["run", "--bench", "ifeval", "--limit", "0"], "limit must be at least 1, got 0"),
+        (["run", "--bench", "nexttoken", "--limit", "0"], "limit must be at least 1, got 0"),
+        (["run", "--bench", "perplexity", "--chunks", "-1"], "chunks must be at least 1, got -1"),
     ],
 )
 def test_bad_input_fails_with_a_clear_message(args, message):

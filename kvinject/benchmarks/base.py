@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config import Configuration
 from ..context import Context
+from ..exceptions import DataError
 from ..model import Model
 from ..realized import Realized
 
@@ -95,6 +96,13 @@ class Benchmark(ABC):
     def settings(self) -> dict[str, object]:
         """The benchmark's options, recorded with every result."""
         return {}
+
+
+def at_least_one(option: str, value: int | None) -> int | None:
+    """None (all items), or a count of at least 1: zero items would score nothing."""
+    if value is not None and value < 1:
+        raise DataError(f"{option} must be at least 1, got {value}")
+    return value
 
 
 def generation_context(model: Model, config: Configuration, seed: int, run: int, per_seq: int) -> Context:

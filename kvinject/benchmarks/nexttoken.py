@@ -19,7 +19,7 @@ from ..batching import generate_all
 from ..data import read_text
 from ..exceptions import DataError
 from ..model import Model
-from .base import Benchmark, Plan, Progress, RunResult, divergence, generation_context, nanmean
+from .base import Benchmark, Plan, Progress, RunResult, at_least_one, divergence, generation_context, nanmean
 
 # WikiText marks intra-word hyphens and number separators as " @-@ ", " @,@ ", " @.@ ".
 _WIKITEXT_JOINS = re.compile(r" @([-,.])@ ")
@@ -71,7 +71,7 @@ class NextToken(Benchmark):
 
     def __init__(self, data: str | None = None, limit: int | None = None):
         self.data = data
-        self.snippets = make_snippets(read_text(data, "encyclopedia"), limit=limit)
+        self.snippets = make_snippets(read_text(data, "encyclopedia"), limit=at_least_one("limit", limit))
         if not self.snippets:
             raise DataError(f"{data or 'the bundled corpus'} holds no paragraph of 10 words or more")
 

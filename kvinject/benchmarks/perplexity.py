@@ -25,7 +25,7 @@ from ..data import read_text
 from ..exceptions import DataError
 from ..model import Model
 from ..realized import sumsq
-from .base import Benchmark, Plan, Progress, RunResult
+from .base import Benchmark, Plan, Progress, RunResult, at_least_one
 
 
 class _Tally:
@@ -59,7 +59,7 @@ class Perplexity(Benchmark):
             raise DataError(f"perplexity needs --ctx of at least 8 tokens, got {n_ctx}")
         self.data = data
         self.text = read_text(data, "encyclopedia")
-        self.chunks = chunks
+        self.chunks = at_least_one("chunks", chunks)
         self.n_ctx = n_ctx
         self._n_chunk: int | None = None
         self._tokens: list[int] | None = None

@@ -12,7 +12,7 @@ import numpy as np
 from ...batching import generate_all
 from ...data import bench_data, load_hf
 from ...model import Model
-from ..base import Benchmark, Plan, Progress, RunResult, divergence, generation_context
+from ..base import Benchmark, Plan, Progress, RunResult, at_least_one, divergence, generation_context
 from .scoring import IFEvalItem, exclude, metrics, parse_items, read_items, score
 
 DEFAULT_DATA = "ifeval_style.jsonl"
@@ -50,7 +50,7 @@ class IFEval(Benchmark):
     ):
         self.data = data
         items = exclude(load_items(data), exclude_ids) if exclude_ids else load_items(data)
-        self.items = items[:limit] if limit is not None else items
+        self.items = items[: at_least_one('limit', limit)]
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.exclude_ids = tuple(exclude_ids)

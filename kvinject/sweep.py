@@ -12,7 +12,7 @@ from typing import Callable
 from .benchmarks import Benchmark, make_bench
 from .exceptions import KvinjectError
 from .grid import Cell, Grid
-from .model import Model, file_sha256, resolve_model
+from .model import CPU_PARALLEL, Model, file_sha256, resolve_model
 from .options import BackendOptions
 from .store import Store
 
@@ -88,8 +88,8 @@ class Sweep:
         return out
 
     def estimate_seconds(self, planned: list[Planned]) -> float:
-        """Rough seconds on 2 CPU cores; generation at the grid's --parallel (8 when unset)."""
-        decode = decode_tok_s(self.grid.parallel or PARALLEL_CAP)
+        """Rough seconds on 2 CPU cores; generation at the grid's --parallel, else the CPU default."""
+        decode = decode_tok_s(self.grid.parallel or CPU_PARALLEL)
         total = 0.0
         for p in planned:
             bench, n = self.bench(p.cell), len(p.runs)

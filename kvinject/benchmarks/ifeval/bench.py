@@ -50,7 +50,7 @@ class IFEval(Benchmark):
     ):
         self.data = data
         items = exclude(load_items(data), exclude_ids) if exclude_ids else load_items(data)
-        self.items = items[: at_least_one('limit', limit)]
+        self.items = items[: at_least_one("limit", limit)]
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.exclude_ids = tuple(exclude_ids)
@@ -70,8 +70,12 @@ class IFEval(Benchmark):
             "chat_template": True,
         }
 
+    def prompt_tokens(self, model: Model) -> list[list[int]]:
+        """Each item's prompt in the model's chat template, as tokens."""
+        return [model.tokenize(model.chat_prompt(item.prompt), parse_special=True) for item in self.items]
+
     def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress) -> Iterator[RunResult]:
-        prompts = [model.tokenize(model.chat_prompt(item.prompt), parse_special=True) for item in self.items]
+        prompts = self.prompt_tokens(model)
         control: list[list[int]] | None = None
         for config, runs in plan:
             for run in runs:

@@ -6,7 +6,6 @@ import ctypes
 import os
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
@@ -103,6 +102,7 @@ class Context:
         params.no_perf = True
         if self.hook is not None:
             params.cb_eval = self.hook.callback
+            params.cb_eval_user_data = self.hook.user_data
         with _rotation(self.cache.kv_rotation), captured_log() as self.creation_log:
             self._ptr = ll.llama_init_from_model(model.ptr, params)
         if not self._ptr:
@@ -171,7 +171,7 @@ class Context:
         status = ll.llama_decode(self._ptr, batch)
         if status != 0:
             if self.hook is not None:
-                self.hook.finish_decode()  # an error inside the hook explains the failure best
+                self.hook.abort_decode()
             raise InjectionError(f"llama_decode failed with status {status} (KV cache full? raise --ctx)")
 
     def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from .benchmarks import BENCHMARKS
 from .config import Configuration
 from .error_models import REGISTRY
 from .exceptions import KvinjectError, SpecError

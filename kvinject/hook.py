@@ -17,6 +17,11 @@ learning; otherwise it gets a claim of its own). A value is changed in place whe
 scheduler first asks about a node after the claimed run: it is final and nothing has read
 it yet. A graph that does not match what was learned fails loudly rather than perturbing
 the wrong value.
+
+The callback that follows the plan node by node is compiled (:mod:`kvinject.graph_callback`)
+and multiplies host-memory K/V by their noise itself; this module learns and plans, lays out
+each decode's noise, applies the other error models, and checks and accounts after each
+decode.
 """
 
 from __future__ import annotations
@@ -30,16 +35,15 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from . import ggml
-from .error_models import Draws, ErrorModel
+from . import graph_callback as gc
+from .error_models import Draws, ErrorModel, Multiplicative
 from .exceptions import InjectionError, ModelError
-from .realized import Realized, Workspace
+from .realized import Realized, RealizedStats, Workspace
 from .target import Target
 
-_OP_OFFSET = ggml.GgmlTensor.op.offset
-_NAME_OFFSET = ggml.NAME_OFFSET
-_u32_at = ctypes.c_uint32.from_address  # module-level: the per-node path has no attribute lookups to spare
-_int_at = ctypes.c_int.from_address
-_string_at = ctypes.string_at
+# The Python side of changes the compiled callback hands back: (tensor, site, at).
+_APPLY = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
+LEARN_CAPACITY = 1 << 17  # graph nodes recorded while learning (llama.cpp's graphs hold a few thousand)
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,11 @@ class KVHook:
 
     ``row_k`` and ``row_v`` are the number of components of one token's K and V
     (heads x head dim), the unit that error models such as ``quant`` group within.
-    Each llama_decode must compute exactly one graph (n_tokens <= n_ubatch) and be
-    followed by :meth:`finish_decode`.
+    Each llama_decode must compute exactly one graph (n_tokens <= n_ubatch), be announced
+    by :meth:`layout` and be followed by :meth:`finish_decode`. The context passes
+    ``callback`` and ``user_data`` to llama.cpp; the callback is compiled
+    (:mod:`kvinject.graph_callback`) and calls back into Python only for what it does not
+    do itself (error models other than multiplicative ones, device memory).
     """
 
     def __init__(self, error: ErrorModel, target: Target, n_layer: int, row_k: int, row_v: int):
@@ -109,22 +116,35 @@ class KVHook:
         self._names = {self._node_name(c, il): (c, il) for c, il in self._expected}
         self._width = sum(self.row[c] for c, _ in self._expected)  # values one token draws per decode
         self._noise: _DecodeNoise | None = None
-        self._prefixes = {int.from_bytes(name[:4].ljust(4, b"\0"), "little") for name in self._names}
-        self._learning: list[GraphNode] | None = None  # the nodes seen while learning
         self.plan = Plan({}, {}, {})
-        self._runs_seen: Counter[bytes] = Counter()
-        self._run_name: bytes | None = None  # name of the current run of wanted nodes
-        self._run_last = 0  # latest node of that run the scheduler asked about
-        self._computed = 0  # latest claimed node whose data is ready
-        self._pending: dict[bytes, int] = {}  # name -> its final node, to be changed at a later claim
         self._host_rows: dict[tuple[int, int, int, int], np.ndarray] = {}
         self._staged = {"k": _Staging(), "v": _Staging()}
         self._work = Workspace()
-        self._decode_hits: Counter[tuple[str, int]] = Counter()
         self._error: BaseException | None = None
-        self._checked_layout = False
-        # ctypes must keep this object alive as long as the llama context holds the pointer.
-        self.callback = ll.ggml_backend_sched_eval_callback(self._eval)
+        # The compiled callback's state; ctypes and numpy must keep all of it alive as long
+        # as the llama context holds the pointers.
+        self._sites = np.zeros((2 * n_layer, gc.SITE_COLUMNS), np.int64)
+        for c, il in self._expected:
+            self._sites[_site(c, il), gc.WANTED] = 1
+        self._groups = np.zeros(2 * n_layer, np.int64)
+        self._sums = np.zeros((2, gc.N_SUMS), np.float64)
+        self._segments = np.zeros((2, 0), np.int64)  # noise block address and rows per segment
+        self._learned = np.zeros(0, np.int64)
+        self._python_apply = _APPLY(self._apply)
+        self._head = head = np.zeros(gc.HEADER, np.int64)
+        head[gc.RUN_SITE] = -1
+        head[gc.N_SITES] = 2 * n_layer
+        head[gc.SITES] = self._sites.ctypes.data
+        head[gc.GROUPS] = self._groups.ctypes.data
+        head[gc.SUMS] = self._sums.ctypes.data
+        head[gc.WIDTH] = self._width
+        head[gc.ROW_K], head[gc.ROW_V] = row_k, row_v
+        head[gc.PREFIX_K], head[gc.PREFIX_V] = (gc.prefix(self._node_name(c, 0)) for c in "kv")
+        head[gc.NATIVE] = isinstance(error, Multiplicative)
+        head[gc.PYTHON_APPLY] = ctypes.cast(self._python_apply, ctypes.c_void_p).value
+        head[gc.IS_HOST] = ctypes.cast(ggml.lib().ggml_backend_buffer_is_host, ctypes.c_void_p).value
+        self.callback = ll.ggml_backend_sched_eval_callback(gc.callback.address)
+        self.user_data = ctypes.c_void_p(head.ctypes.data)
 
     def stream(self, rng: np.random.Generator) -> Draws | None:
         """A noise stream for one benchmark item (None for error models without randomness)."""
@@ -134,71 +154,41 @@ class KVHook:
         """Announce the next decode: runs of consecutive batch rows, each with the noise stream
         of the item they belong to. Each stream is read in the same order as if its item were
         decoded alone, so an item's noise does not depend on what shares its decodes."""
-        self._noise = _DecodeNoise(segments, self._width) if self.error.random else None
+        head = self._head
+        head[gc.ROWS] = sum(rows for _, rows in segments)
+        head[gc.AT] = 0
+        if not self.error.random:
+            head[gc.N_SEG] = 0
+            return
+        self._noise = noise = _DecodeNoise([(draws.take(rows * self._width), rows) for draws, rows in segments])
+        if self._segments.shape[1] < len(segments):
+            self._segments = np.zeros((2, 2 * len(segments)), np.int64)
+            head[gc.SEG_PTR], head[gc.SEG_ROWS] = (a.ctypes.data for a in self._segments)
+        for i, (block, rows) in enumerate(noise.blocks):
+            self._segments[0, i] = block.__array_interface__["data"][0]
+            self._segments[1, i] = rows
+        head[gc.N_SEG] = len(segments)
 
     @staticmethod
     def _node_name(component: str, layer: int) -> bytes:
-        """The graph name of the final K or V of a layer in llama.cpp's model graphs."""
+        """The graph name of the final K or V of a layer in llama.cpp's model graphs; the
+        compiled callback reads names as a four-byte prefix, '-' and the layer."""
         return f"{component.upper()}cur-{layer}".encode()
 
-    # Runs for every node of every graph: keep it to a name read and dict lookups.
-    def _eval(self, t: int, ask: bool, _user_data: int) -> bool:
-        try:
-            if not ask:
-                self._computed = t
-                return True
-            if self._learning is not None:
-                self._learning.append(GraphNode.read(t))
-                return False
-            # Most nodes are neither K nor V: tell from the first four bytes of the name.
-            if _u32_at(t + _NAME_OFFSET).value not in self._prefixes and self._run_name is None:
-                return False
-            name = _string_at(t + _NAME_OFFSET)
-            if name != self._run_name:
-                if self._run_name is not None:
-                    self._end_run()
-                if name not in self._names:
-                    return False
-                self._run_name = name
-            self._run_last = t
-            return name in self.plan.claims and self.plan.final_op[name] == _int_at(t + _OP_OFFSET).value
-        except BaseException as e:  # an exception must not cross into C; re-raised by finish_decode
-            if self._error is None:
-                self._error = e
-            self._run_name = None
-            return not ask
-
-    def _end_run(self) -> None:
-        name, last = self._run_name, self._run_last
-        self._run_name = None
-        self._runs_seen[name] += 1
-        n_runs = self.plan.n_runs[name]
-        if self._runs_seen[name] < n_runs:
-            return
-        together = self.plan.claims.get(name, ())
-        if self._runs_seen[name] > n_runs or (together and (self._computed != last or any(n not in self._pending for n in together[:-1]))):
-            raise InjectionError(
-                f"graph node '{name.decode()}' does not match the graph learned at the first decode; "
-                "kvinject does not support models whose graph changes shape between decodes"
-            )
-        if not together:  # changed at a later claim of its layer
-            self._pending[name] = last
-            return
-        for site in together:
-            component, layer = self._names[site]
-            self._perturb(last if site == name else self._pending.pop(site), component)
-            self._decode_hits[component, layer] += 1
-
     def learn(self, decode: Callable[[], None]) -> None:
-        """Run ``decode`` (one llama_decode) with the hook watching, to learn the graph."""
-        self._learning = []
+        """Run ``decode`` (one llama_decode) with the hook recording the graph's nodes and
+        claiming none, then plan the claims."""
+        head = self._head
+        self._learned = np.zeros(LEARN_CAPACITY, np.int64)
+        head[gc.LEARNED], head[gc.LEARN_CAP], head[gc.N_LEARNED] = self._learned.ctypes.data, LEARN_CAPACITY, 0
+        head[gc.MODE] = gc.LEARN
         try:
             decode()
-            nodes = self._learning
         finally:
-            self._learning = None
-        if self._error is not None:
-            self.finish_decode()
+            head[gc.MODE] = gc.RUN
+        self._raise_native_error()
+        # The graph's nodes stay in the context's compute memory until the next decode.
+        nodes = [GraphNode.read(int(ptr)) for ptr in self._learned[: head[gc.N_LEARNED]]]
         self.plan = Plan.learn(nodes, self._names)
         missing = sorted(self._names[n] for n in set(self._names) - set(self.plan.n_runs))
         if missing:
@@ -207,6 +197,29 @@ class KVHook:
                 f"(missing {len(missing)} of {len(self._names)}, e.g. {missing[:4]}): this "
                 "architecture names its K/V nodes differently and is not supported yet"
             )
+        for node in nodes:
+            if node.name in self._names:
+                ggml.check_layout(node.ptr)
+                break
+        for name, (c, il) in self._names.items():
+            self._sites[_site(c, il), [gc.N_RUNS, gc.FINAL_OP]] = self.plan.n_runs[name], self.plan.final_op[name]
+        at = 0
+        for claimed, together in self.plan.claims.items():
+            row = self._sites[_site(*self._names[claimed])]
+            row[gc.GROUP_START], row[gc.GROUP_LEN] = at, len(together)
+            for name in together:
+                self._groups[at] = _site(*self._names[name])
+                at += 1
+
+    def _apply(self, ptr: int, site: int, at: int) -> None:
+        """The Python side of a change the compiled callback does not make itself."""
+        try:
+            if self._noise is not None:
+                self._noise.at = at
+            self._perturb(ptr, "kv"[site & 1])
+        except BaseException as e:  # an exception must not cross into C; raised after the decode
+            if self._error is None:
+                self._error = e
 
     def _perturb(self, ptr: int, component: str) -> None:
         t = ggml.tensor(ptr)
@@ -226,16 +239,9 @@ class KVHook:
             ggml.lib().ggml_backend_tensor_set(ptr, after.ctypes.data, 0, after.nbytes)
 
     def _rows(self, ptr: int, t: ggml.GgmlTensor, component: str) -> np.ndarray | tuple[int, int]:
-        """Check a tensor once per graph node and buffer: a (rows, row) float32 view of host
-        memory, or the (rows, row) shape of device memory."""
-        if not self._checked_layout:
-            ggml.check_layout(ptr)
-            self._checked_layout = True
-        if t.type != ggml.GGML_TYPE_F32 or not ggml.lib().ggml_is_contiguous(ptr):
-            raise ModelError(f"'{t.name.decode()}' is not a contiguous f32 tensor; kvinject cannot perturb it")
+        """A (rows, row) float32 view of host memory, or the (rows, row) shape of device
+        memory (the compiled callback has checked that it is contiguous f32 rows)."""
         n, row = ggml.numel(t), self.row[component]
-        if n % row:
-            raise ModelError(f"'{t.name.decode()}' has {n} values, not a whole number of {row}-value rows")
         if not ggml.lib().ggml_backend_buffer_is_host(t.buffer):
             return (n // row, row)
         # The scheduler reuses its graph nodes and compute buffers, so the same key recurs.
@@ -246,36 +252,71 @@ class KVHook:
     def finish_decode(self) -> None:
         """Call after each llama_decode: re-raises errors from the callback, checks that every
         targeted K/V was reached equally often, and folds this decode into the statistics."""
+        try:
+            self._raise_errors()
+            hits = {(c, il): int(self._sites[_site(c, il), gc.HITS]) for c, il in self._expected}
+            if set(hits.values()) != {1}:
+                missing = sorted(site for site, n in hits.items() if n == 0)
+                raise InjectionError(
+                    f"this decode perturbed {sum(n > 0 for n in hits.values())} of the {len(hits)} targeted "
+                    f"K/V cache writes (missing e.g. {missing[:4]}); was the decode larger than one ubatch?"
+                )
+            self.site_counts.update(hits)
+            for c, stats in (("k", self.realized.k), ("v", self.realized.v)):
+                stats.merge(RealizedStats.from_sums(self._sums["kv".index(c)]))
+                staged = self._staged[c]
+                if staged.sites:
+                    stats.add(staged.before[: staged.n], staged.after[: staged.n], staged.sites, self._work)
+        finally:
+            self._reset()
+
+    def abort_decode(self) -> None:
+        """Call after a failed llama_decode: re-raises an error from inside the callback, which
+        explains the failure best, and forgets the decode."""
+        try:
+            self._raise_errors()
+        finally:
+            self._reset()
+
+    def _raise_errors(self) -> None:
         error, self._error = self._error, None
         if error is not None:
-            self._discard()
             if isinstance(error, (InjectionError, ModelError)):
                 raise error
             raise InjectionError(f"error inside the K/V hook: {type(error).__name__}: {error}") from error
-        hits, self._decode_hits = self._decode_hits, Counter()
-        self._runs_seen.clear()
-        self._pending.clear()
-        if set(hits) != self._expected or set(hits.values()) != {1}:
-            self._discard()
-            missing = sorted(self._expected - set(hits))
-            raise InjectionError(
-                f"this decode perturbed {len(hits)} of the {len(self._expected)} targeted K/V cache "
-                f"writes (missing e.g. {missing[:4]}); was the decode larger than one ubatch?"
-            )
-        self.site_counts.update(hits)
-        for component, stats in (("k", self.realized.k), ("v", self.realized.v)):
-            staged = self._staged[component]
-            if staged.sites:
-                stats.add(staged.before[: staged.n], staged.after[: staged.n], staged.sites, self._work)
-                staged.clear()
+        self._raise_native_error()
 
-    def _discard(self) -> None:
-        self._decode_hits.clear()
-        self._runs_seen.clear()
-        self._pending.clear()
-        self._run_name = None
+    def _raise_native_error(self) -> None:
+        head = self._head
+        code, site, value = head[gc.ERROR], head[gc.ERROR_SITE], head[gc.ERROR_VALUE]
+        if not code:
+            return
+        head[gc.ERROR] = 0
+        name = self._node_name("kv"[site & 1], site // 2).decode()
+        if code == gc.MISMATCH:
+            raise InjectionError(
+                f"graph node '{name}' does not match the graph learned at the first decode; "
+                "kvinject does not support models whose graph changes shape between decodes"
+            )
+        if code == gc.NOT_F32:
+            raise ModelError(f"'{name}' is not a contiguous f32 tensor; kvinject cannot perturb it")
+        if code == gc.BAD_ROWS:
+            raise InjectionError(f"the cache write '{name}' of {value} values does not split into the {head[gc.ROWS]} rows of this decode")
+        raise ModelError(f"this model's graph has more than {LEARN_CAPACITY} nodes; kvinject cannot learn it")
+
+    def _reset(self) -> None:
+        self._sites[:, [gc.SEEN, gc.PENDING, gc.HITS]] = 0
+        self._sums[:] = 0
+        self._head[gc.RUN_SITE] = -1
+        self._head[gc.ERROR] = 0
+        self._noise = None
         for staged in self._staged.values():
             staged.clear()
+
+
+def _site(component: str, layer: int) -> int:
+    """A K or V's row in the compiled callback's tables."""
+    return 2 * layer + (component == "v")
 
 
 class _Staging:
@@ -302,33 +343,22 @@ class _Staging:
 
 
 class _DecodeNoise:
-    """The noise of one decode, handed to the error model site by site in graph order.
+    """The noise of one decode for error models applied in Python, site by site.
 
-    Each segment's stream gives ``rows * width`` values at once; a site whose rows hold ``r``
-    components each takes the next ``rows * r`` of every segment, so a stream is consumed
-    site by site exactly as when its rows are decoded alone.
+    Each segment's stream gave ``rows * width`` values (``blocks``); a site whose rows hold
+    ``r`` components each takes ``r`` per row from component ``at`` on, the layout the
+    compiled callback reads too, so a stream is consumed site by site exactly as when its
+    rows are decoded alone.
     """
 
-    def __init__(self, segments: list[tuple[Draws | None, int]], width: int):
-        self._rows = sum(rows for _, rows in segments)
-        self._at = 0  # components per row consumed so far
-        self._matrix: np.ndarray | None = None
-        self._blocks: list[tuple[np.ndarray, int]] = []
-        if len(segments) > 1 and self._rows == len(segments):
-            # One row per segment, as in a decode of generated tokens: the sites take
-            # successive columns of a (rows, width) matrix, as views rather than copies.
-            self._matrix = np.empty((self._rows, width), np.float32)
-            for row, (draws, _) in zip(self._matrix, segments):
-                row[:] = draws.take(width)
-        else:
-            self._blocks = [(draws.take(rows * width), rows) for draws, rows in segments]
+    def __init__(self, blocks: list[tuple[np.ndarray, int]]):
+        self.blocks = blocks
+        self._rows = sum(rows for _, rows in blocks)
+        self.at = 0  # components per row consumed before the current site
 
     def take(self, n: int) -> np.ndarray:
         r = n // self._rows
         if r * self._rows != n:
             raise InjectionError(f"a cache write of {n} values does not split into the {self._rows} rows of this decode")
-        at, self._at = self._at, self._at + r
-        if self._matrix is not None:
-            return self._matrix[:, at : at + r]
-        pieces = [block[at * rows : (at + r) * rows] for block, rows in self._blocks]
+        pieces = [block[self.at * rows : (self.at + r) * rows] for block, rows in self.blocks]
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

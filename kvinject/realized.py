@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -90,6 +90,11 @@ class RealizedStats:
         self.rel_sum += float(rel.sum(dtype=np.float64))
         self.rel_sumsq += sumsq(rel)
         self.sign_flips += int(np.count_nonzero(a * b < 0))  # a value rounded to zero is no flip
+
+    @classmethod
+    def from_sums(cls, sums: np.ndarray) -> RealizedStats:
+        """Statistics from an array of the sums, in field order (the compiled hook's)."""
+        return cls(*(type(f.default)(v) for f, v in zip(fields(cls), sums)))
 
     def merge(self, other: RealizedStats) -> None:
         for key, value in asdict(other).items():

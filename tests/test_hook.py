@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
-from kvinject.error_models import ErrorModel, parse_error
+from kvinject.error_models import ErrorModel, Normal, parse_error
 from kvinject.exceptions import InjectionError, ModelError
 from kvinject.hook import GraphNode, Plan
 from kvinject.options import CacheOptions
@@ -136,6 +138,46 @@ def test_same_seed_reproduces_and_another_seed_differs(tiny):
         ctx.close()
 
 
+@dataclass(frozen=True)
+class NormalInPython(ErrorModel):
+    """normal:0,STD, but not a Multiplicative model: the compiled callback hands it to Python."""
+
+    std: float
+    name = "normal-in-python"
+    syntax = summary = example = "normal-in-python"
+
+    def draw(self, rng, n):
+        return Normal(0, self.std).draw(rng, n)
+
+    def apply(self, x, draws):
+        x *= draws.take(x.size).reshape(x.shape)
+
+
+def test_the_compiled_and_the_python_path_write_the_same_cache_and_measure_the_same(tiny):
+    """Two items share each decode (two noise segments): the compiled multiplication and the
+    Python fallback must read the same noise for every row and site, and their realized-error
+    sums must agree."""
+    a, b = (tiny.tokenize(t) for t in (PROMPT, "Rivers carry sediment from the mountains to the sea"))
+    caches, stats = [], []
+    for error in (parse_error("normal:0,0.25"), NormalInPython(0.25)):
+        with tiny.context(F32, error, n_seq=2, n_ctx=256, seed=5) as ctx:
+            ctx.begin_item(3, 0)
+            ctx.begin_item(8, 1)
+            ctx.decode([(t, i, 0, False) for i, t in enumerate(a)] + [(t, i, 1, False) for i, t in enumerate(b)])
+            for step in range(3):  # one row per segment
+                ctx.decode([(a[step], len(a) + step, 0, False), (b[step], len(b) + step, 1, False)])
+            caches.append([read_cache(ctx, seq) for seq in (0, 1)])
+            stats.append(ctx.realized.summary())
+    for seq in (0, 1):
+        for site, values in caches[0][seq].items():
+            assert np.array_equal(values, caches[1][seq][site]), (seq, site)
+    for component in "kv":
+        native, python = stats[0][component], stats[1][component]
+        rows = len(a) + len(b) + 6
+        assert native["values"] == python["values"] == tiny.n_layer * tiny.n_head_kv * tiny.head_dim_k * rows
+        assert native == pytest.approx(python, rel=1e-6)
+
+
 class Boom(ErrorModel):
     name = "boom"
     syntax = summary = example = "boom"
@@ -194,3 +236,13 @@ def test_plan_follows_graph_order_whichever_comes_first():
     graph = [node(1, "Vcur-0"), node(2, "Kcur-0", 4), node(3, "attn", 8, {1, 2})]
     assert Plan.learn(graph, SITES).claims == {b"Kcur-0": (b"Vcur-0", b"Kcur-0")}
     assert Plan.learn(graph, {b"Vcur-0": ("v", 0)}).claims == {b"Vcur-0": (b"Vcur-0",)}
+
+
+def test_a_full_cache_fails_with_its_own_message_not_the_hook_s(tiny):
+    with tiny.context(F32, parse_error("normal:0,0.1"), n_ctx=256) as ctx:
+        tokens = [10 + i % 50 for i in range(250)]
+        ctx.decode([(t, i, 0, False) for i, t in enumerate(tokens)])
+        with pytest.raises(InjectionError, match="KV cache full"):
+            ctx.decode([(t, 250 + i, 0, False) for i, t in enumerate(tokens[:10])])
+        ctx.decode([(tokens[0], 250, 0, True)])  # the hook is ready for the next decode
+        assert ctx.hook.site_counts[("k", 0)] == 2

@@ -1,0 +1,268 @@
+"""The graph-evaluation callback llama.cpp calls for every node, compiled with numba.
+
+llama.cpp asks the callback about each of the ~1000 nodes of a decode's graph. A Python
+callback pays about a microsecond per node for ctypes alone, and numpy pays several passes
+over every K/V value to perturb it and measure what it did; compiled, both cost almost
+nothing next to the decode. This module holds the callback and the state it works on; the
+plan it follows (which nodes to claim, what to change there) is learned and checked in
+Python by :mod:`kvinject.hook`.
+
+The state is one int64 array of fixed slots, the header, which holds the addresses of the
+other tables: per-site rows (a site is the K or V of a layer: ``site = 2 * layer + is_v``),
+the claim groups, the noise segments of the decode and the realized-error sums.
+Multiplicative error models on host memory are applied here, with their realized-error sums;
+anything else (other models, device memory) is handed back to a Python function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, cfunc, njit, types
+from numba.extending import intrinsic
+
+from . import ggml
+from .realized import RealizedStats
+
+# Header slots.
+MODE, RUN_SITE, RUN_LAST, COMPUTED, ERROR, ERROR_SITE, ERROR_VALUE = range(7)
+AT, ROWS, WIDTH, N_SEG, SEG_PTR, SEG_ROWS = range(7, 13)
+N_SITES, SITES, GROUPS, SUMS, LEARNED, N_LEARNED, LEARN_CAP = range(13, 20)
+PYTHON_APPLY, IS_HOST, NATIVE, ROW_K, ROW_V, PREFIX_K, PREFIX_V = range(20, 27)
+HEADER = 27
+
+# Modes.
+RUN, LEARN = 0, 1
+
+# Per-site columns.
+WANTED, N_RUNS, FINAL_OP, SEEN, PENDING, GROUP_START, GROUP_LEN, HITS = range(8)
+SITE_COLUMNS = 8
+
+# Error codes, turned into exceptions by the hook after the decode.
+MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW = 1, 2, 3, 4
+
+# Realized-error sums per component, in RealizedStats' field order (written by _multiply).
+N_SUMS = len(fields(RealizedStats))
+
+_TYPE, _BUFFER, _NE, _NB, _OP, _DATA, _NAME = (
+    getattr(ggml.GgmlTensor, f).offset for f in ("type", "buffer", "ne", "nb", "op", "data", "name")
+)
+
+
+def _pointer_to(element: types.Type):
+    @intrinsic
+    def pointer(typingctx, address):
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+        return types.CPointer(element)(types.int64), codegen
+
+    return pointer
+
+
+_i64, _i32, _u32, _u8, _f32, _f64 = (
+    _pointer_to(t) for t in (types.int64, types.int32, types.uint32, types.uint8, types.float32, types.float64)
+)
+
+
+@intrinsic
+def _is_host(typingctx, function, buffer):
+    """``ggml_backend_buffer_is_host(buffer)``, called through its address."""
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(8), [ir.IntType(64)])
+        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [args[1]])
+
+    return types.uint8(types.int64, types.int64), codegen
+
+
+@intrinsic
+def _python_apply(typingctx, function, tensor, site, at):
+    """The hook's Python fallback ``(tensor, site, at)``, called through its ctypes address."""
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(ir.VoidType(), [i64, i64, i64])
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@njit(cache=True)
+def _site(head, t):
+    """The site a node's name denotes (``<prefix>-<layer>``), or -1."""
+    name = carray(_u8(t + _NAME), 16)
+    prefix = carray(_u32(t + _NAME), 1)[0]
+    if prefix == head[PREFIX_K]:
+        component = 0
+    elif prefix == head[PREFIX_V]:
+        component = 1
+    else:
+        return -1
+    if name[4] != 45:  # '-'
+        return -1
+    layer = 0
+    for i in range(5, 16):
+        c = name[i]
+        if c == 0:
+            site = 2 * layer + component
+            return site if i > 5 and site < head[N_SITES] else -1
+        if c < 48 or c > 57:
+            return -1
+        layer = layer * 10 + (c - 48)
+    return -1
+
+
+@njit(cache=True)
+def _fail(head, code, site, value):
+    if head[ERROR] == 0:  # the first error explains best
+        head[ERROR], head[ERROR_SITE], head[ERROR_VALUE] = code, site, value
+
+
+@njit(cache=True)
+def _ask(head, t):
+    sites = carray(_i64(head[SITES]), (head[N_SITES], SITE_COLUMNS))
+    site = _site(head, t)
+    if site >= 0 and sites[site, WANTED] == 0:
+        site = -1
+    if site != head[RUN_SITE]:
+        if head[RUN_SITE] >= 0:
+            _end_run(head, sites)
+        if site < 0:
+            return 0
+        head[RUN_SITE] = site
+    head[RUN_LAST] = t
+    op = carray(_i32(t + _OP), 1)[0]
+    return 1 if sites[site, GROUP_LEN] > 0 and sites[site, FINAL_OP] == op else 0
+
+
+@njit(cache=True)
+def _end_run(head, sites):
+    """A run of nodes named for ``site`` ended: at its last run, change what its claim changes."""
+    site, last = head[RUN_SITE], head[RUN_LAST]
+    head[RUN_SITE] = -1
+    sites[site, SEEN] += 1
+    if sites[site, SEEN] < sites[site, N_RUNS]:
+        return
+    start, count = sites[site, GROUP_START], sites[site, GROUP_LEN]
+    groups = carray(_i64(head[GROUPS]), head[N_SITES])
+    bad = sites[site, SEEN] > sites[site, N_RUNS]
+    if count > 0 and head[COMPUTED] != last:
+        bad = True
+    for g in range(start, start + count - 1):
+        if sites[groups[g], PENDING] == 0:
+            bad = True
+    if bad:
+        _fail(head, MISMATCH, site, 0)
+        return
+    if count == 0:  # changed at a later claim of its layer
+        sites[site, PENDING] = last
+        return
+    for g in range(start, start + count):
+        s = groups[g]
+        t = last if s == site else sites[s, PENDING]
+        sites[s, PENDING] = 0
+        _perturb(head, t, s)
+        sites[s, HITS] += 1
+
+
+@njit(cache=True)
+def _perturb(head, t, site):
+    component = site & 1
+    row = head[ROW_K + component]
+    ne = carray(_i64(t + _NE), 4)
+    nb = carray(_i64(t + _NB), 4)
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32
+    stride = 4
+    for i in range(4):  # ggml_is_contiguous: dims of size 1 may have any stride
+        if ne[i] != 1:
+            ok = ok and nb[i] == stride
+            stride *= ne[i]
+    n = ne[0] * ne[1] * ne[2] * ne[3]
+    if not ok:
+        _fail(head, NOT_F32, site, n)
+        return
+    if n != head[ROWS] * row:
+        _fail(head, BAD_ROWS, site, n)
+        return
+    at = head[AT]
+    head[AT] = at + row
+    buffer = carray(_i64(t + _BUFFER), 1)[0]
+    if head[NATIVE] == 0 or _is_host(head[IS_HOST], buffer) == 0:
+        _python_apply(head[PYTHON_APPLY], t, site, at)
+        return
+    x = carray(_f32(carray(_i64(t + _DATA), 1)[0]), n)
+    sums = carray(_f64(head[SUMS]), (2, N_SUMS))[component]
+    seg_ptr = carray(_i64(head[SEG_PTR]), head[N_SEG])
+    seg_rows = carray(_i64(head[SEG_ROWS]), head[N_SEG])
+    _multiply(x, row, at, head[WIDTH], seg_ptr, seg_rows, sums)
+
+
+@njit(cache=True)
+def _multiply(x, row, at, width, seg_ptr, seg_rows, sums):
+    """x *= noise, row by row, each segment's rows reading its own block of noise from
+    component ``at`` on; and the realized-error sums of what changed."""
+    changed = nonfinite = rel_n = flips = 0
+    rel_sum = rel_sumsq = signal = noise = 0.0
+    first = 0
+    for k in range(len(seg_ptr)):
+        rows = seg_rows[k]
+        block = carray(_f32(seg_ptr[k]), rows * width)
+        for j in range(rows):
+            f = block[at * rows + j * row : at * rows + (j + 1) * row]
+            xs = x[(first + j) * row : (first + j + 1) * row]
+            for c in range(row):
+                b = xs[c]
+                a = b * f[c]
+                xs[c] = a
+                if a != b:
+                    changed += 1
+                if not np.isfinite(a):
+                    nonfinite += 1
+                    continue
+                d = np.float64(a) - np.float64(b)
+                signal += np.float64(b) * np.float64(b)
+                noise += d * d
+                if b != 0:
+                    rel = d / np.float64(b)
+                    rel_n += 1
+                    rel_sum += rel
+                    rel_sumsq += rel * rel
+                    if np.float64(a) * np.float64(b) < 0:
+                        flips += 1
+        first += rows
+    sums[0] += len(x)
+    sums[1] += 1
+    sums[2] += changed
+    sums[3] += nonfinite
+    sums[4] += rel_n
+    sums[5] += rel_sum
+    sums[6] += rel_sumsq
+    sums[7] += flips
+    sums[8] += signal
+    sums[9] += noise
+
+
+@cfunc(types.uint8(types.int64, types.uint8, types.int64), cache=True)
+def callback(t, ask, user_data):
+    head = carray(_i64(user_data), HEADER)
+    if ask == 0:
+        head[COMPUTED] = t
+        return 1
+    if head[MODE] == LEARN:  # record every node, claim none
+        n = head[N_LEARNED]
+        if n < head[LEARN_CAP]:
+            carray(_i64(head[LEARNED]), head[LEARN_CAP])[n] = t
+        else:
+            _fail(head, LEARN_OVERFLOW, -1, n)
+        head[N_LEARNED] = n + 1
+        return 0
+    return _ask(head, t)
+
+
+def prefix(name: bytes) -> int:
+    """The first four bytes of a node name as the callback compares them."""
+    return int(np.frombuffer(name[:4].ljust(4, b"\0"), np.uint32)[0])

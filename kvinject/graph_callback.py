@@ -36,8 +36,8 @@ HEADER = 27
 # Modes.
 RUN, LEARN = 0, 1
 
-# Per-site columns.
-WANTED, N_RUNS, FINAL_OP, SEEN, PENDING, GROUP_START, GROUP_LEN, HITS = range(8)
+# Per-site columns: the plan, then what one decode did (from SEEN on).
+WANTED, N_RUNS, FINAL_OP, GROUP_START, GROUP_LEN, SEEN, PENDING, HITS = range(8)
 SITE_COLUMNS = 8
 
 # Error codes, turned into exceptions by the hook after the decode.

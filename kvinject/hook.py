@@ -27,7 +27,6 @@ decode.
 from __future__ import annotations
 
 import ctypes
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -110,9 +109,10 @@ class KVHook:
         target.check(n_layer)
         self.error = error
         self.row = {"k": row_k, "v": row_v}
-        self.realized = Realized.empty()
-        self.site_counts: Counter[tuple[str, int]] = Counter()  # (component, layer) -> cache writes perturbed
         self._expected = {(c, il) for il in range(n_layer) for c in "kv" if target.wants(c, il)}
+        self._expected_rows = np.array(sorted(_site(c, il) for c, il in self._expected), np.int64)
+        self._decodes = 0  # decodes that perturbed every targeted site once
+        self._python_realized = Realized.empty()  # what the Python side changed
         self._names = {self._node_name(c, il): (c, il) for c, il in self._expected}
         self._width = sum(self.row[c] for c, _ in self._expected)  # values one token draws per decode
         self._noise: _DecodeNoise | None = None
@@ -127,7 +127,8 @@ class KVHook:
         for c, il in self._expected:
             self._sites[_site(c, il), gc.WANTED] = 1
         self._groups = np.zeros(2 * n_layer, np.int64)
-        self._sums = np.zeros((2, gc.N_SUMS), np.float64)
+        self._sums = np.zeros((2, gc.N_SUMS), np.float64)  # the compiled side's, this decode
+        self._total_sums = np.zeros((2, gc.N_SUMS), np.float64)  # and over the finished decodes
         self._segments = np.zeros((2, 0), np.int64)  # noise block address and rows per segment
         self._learned = np.zeros(0, np.int64)
         self._python_apply = _APPLY(self._apply)
@@ -249,21 +250,33 @@ class KVHook:
         self._host_rows[ptr, t.data, t.ne[2], t.ne[3]] = x
         return x
 
+    @property
+    def site_counts(self) -> dict[tuple[str, int], int]:
+        """(component, layer) -> cache writes perturbed."""
+        return {site: self._decodes for site in self._expected}
+
+    @property
+    def realized(self) -> Realized:
+        """What the hook did to K and V so far."""
+        realized = Realized(*(RealizedStats.from_sums(sums) for sums in self._total_sums))
+        realized.merge(self._python_realized)
+        return realized
+
     def finish_decode(self) -> None:
         """Call after each llama_decode: re-raises errors from the callback, checks that every
-        targeted K/V was reached equally often, and folds this decode into the statistics."""
+        targeted K/V was reached once, and folds this decode into the statistics."""
         try:
             self._raise_errors()
-            hits = {(c, il): int(self._sites[_site(c, il), gc.HITS]) for c, il in self._expected}
-            if set(hits.values()) != {1}:
-                missing = sorted(site for site, n in hits.items() if n == 0)
+            hits = self._sites[self._expected_rows, gc.HITS]
+            if (hits != 1).any():
+                missing = sorted(("kv"[s & 1], s // 2) for s, n in zip(self._expected_rows, hits) if n == 0)
                 raise InjectionError(
-                    f"this decode perturbed {sum(n > 0 for n in hits.values())} of the {len(hits)} targeted "
+                    f"this decode perturbed {np.count_nonzero(hits)} of the {len(hits)} targeted "
                     f"K/V cache writes (missing e.g. {missing[:4]}); was the decode larger than one ubatch?"
                 )
-            self.site_counts.update(hits)
-            for c, stats in (("k", self.realized.k), ("v", self.realized.v)):
-                stats.merge(RealizedStats.from_sums(self._sums["kv".index(c)]))
+            self._decodes += 1
+            self._total_sums += self._sums
+            for c, stats in (("k", self._python_realized.k), ("v", self._python_realized.v)):
                 staged = self._staged[c]
                 if staged.sites:
                     stats.add(staged.before[: staged.n], staged.after[: staged.n], staged.sites, self._work)
@@ -305,7 +318,7 @@ class KVHook:
         raise ModelError(f"this model's graph has more than {LEARN_CAPACITY} nodes; kvinject cannot learn it")
 
     def _reset(self) -> None:
-        self._sites[:, [gc.SEEN, gc.PENDING, gc.HITS]] = 0
+        self._sites[:, gc.SEEN :] = 0
         self._sums[:] = 0
         self._head[gc.RUN_SITE] = -1
         self._head[gc.ERROR] = 0

@@ -10,13 +10,14 @@ IFEval-style prompts (chat template, greedy), --parallel sequences with continuo
 tokens/s over prompt and generated tokens:
 
 - fixed: every prompt generates exactly --max-tokens, as batched-bench does. Injection
-  changes the outputs but not the work, so normal:0,0.25 against none is the hook's cost.
+  changes the outputs but not the work, so normal:0,0.25 against none is the hook's cost;
+  the two runs take turns decode by decode, each timed while it holds the turn.
 - ifeval: the benchmark as users run it (stops at end of generation, scoring included).
   Injection changes when responses end, so the work differs too: its ratio includes that.
 
 All in this one run, same model, threads and cache type, alternating --repeats times,
-medians reported; the injection overhead is the median of the ratios of runs made back to
-back.
+medians reported; the injection overhead is the median of the ratios of the paired runs
+(fixed: taking turns; ifeval: back to back, in alternating order).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import time
+from functools import partial
 
-from tools import find_tool, run_tool
+from tools import TakeTurns, find_tool, run_tool
 
 from kvinject.batching import generate_all
 from kvinject.benchmarks import IFEval
@@ -49,14 +50,22 @@ def batched_bench(tool, model: Model, prompt: int, args: argparse.Namespace) -> 
     return float(row.strip("|").split("|")[-1])
 
 
-def fixed_generation(model: Model, prompts: list[list[int]], spec: str, max_tokens: int) -> float:
-    """tokens/s when every prompt generates exactly ``max_tokens`` (context set-up included)."""
-    start = time.perf_counter()
+def fixed_generation(model: Model, prompts: list[list[int]], spec: str, max_tokens: int, in_turn=lambda decode: decode) -> int:
+    """Prompt and generated tokens when every prompt generates exactly ``max_tokens``;
+    ``in_turn`` wraps the context's decode."""
     per_seq = max(map(len, prompts)) + max_tokens + 1
     with generation_context(model, Configuration.parse(spec), 0, 0, per_seq) as ctx:
+        ctx.decode = in_turn(ctx.decode)
         gens = generate_all(ctx, prompts, max_tokens, items=range(len(prompts)), ignore_eos=True)
-        tokens = sum(len(prompts[i]) + len(gen.tokens) for i, gen in gens)
-    return tokens / (time.perf_counter() - start)
+        return sum(len(prompts[i]) + len(gen.tokens) for i, gen in gens)
+
+
+def fixed_pair(model: Model, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
+    """tokens/s of each configuration generating the same fixed-length work, the two taking
+    turns decode by decode (context set-up included)."""
+    turns = TakeTurns(len(SPECS))
+    tokens = turns.run([partial(fixed_generation, model, prompts, spec, max_tokens, partial(turns.wrap, i)) for i, spec in enumerate(SPECS)])
+    return {spec: n / seconds for spec, n, seconds in zip(SPECS, tokens, turns.seconds)}
 
 
 def ifeval_generation(model: Model, bench: IFEval, spec: str) -> tuple[float, int]:
@@ -83,11 +92,13 @@ def main() -> None:
     fixed_generation(model, prompts[: args.parallel], "none", 8)  # warm up
     speeds: dict[str, list[float]] = {"ref": []} | {f"{form} {spec}": [] for form in ("fixed", "ifeval") for spec in SPECS}
     generated: dict[str, list[int]] = {spec: [] for spec in SPECS}
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats):
         speeds["ref"].append(batched_bench(tool, model, mean_prompt, args))
-        for spec in SPECS:
-            speeds[f"fixed {spec}"].append(fixed_generation(model, prompts, spec, args.max_tokens))
-        for spec in SPECS:
+        for spec, speed in fixed_pair(model, prompts, args.max_tokens).items():
+            speeds[f"fixed {spec}"].append(speed)
+        # Every other repeat runs normal:0,0.25 first, so a steady drift of the machine's
+        # speed does not favour the configuration that always runs second.
+        for spec in SPECS if repeat % 2 == 0 else SPECS[::-1]:
             speed, n = ifeval_generation(model, bench, spec)
             speeds[f"ifeval {spec}"].append(speed)
             generated[spec].append(n)
@@ -100,7 +111,7 @@ def main() -> None:
     for key in speeds:
         if key != "ref":
             print(f"{'kvinject ' + key:<40}{median[key]:>9.1f}{median[key] / ref:>8.3f}")
-    # Each repeat runs none and normal:0,0.25 back to back: the median of those paired ratios
+    # Each repeat pairs none and normal:0,0.25 (taking turns, or back to back): the median of those ratios
     # is steadier than a ratio of medians on a machine whose speed drifts.
     for form in ("fixed", "ifeval"):
         paired = [noisy / clean for noisy, clean in zip(speeds[f"{form} normal:0,0.25"], speeds[f"{form} none"])]

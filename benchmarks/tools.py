@@ -7,7 +7,10 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Callable
 
 BUILD_HINT = """\
 build them from the llama.cpp inside the llama-cpp-python sdist (about 15 minutes on 2 cores):
@@ -47,3 +50,63 @@ def run_tool(argv: list[str | Path]) -> str:
     if proc.returncode != 0:
         sys.exit(f"{argv[0]} failed ({proc.returncode}):\n{out[-2000:]}")
     return out
+
+
+class TakeTurns:
+    """Runs in threads that take turns decode by decode, each timed only while it holds the
+    turn: on a machine whose speed drifts within minutes, the drift then weighs on every run
+    alike, which whole runs one after the other cannot promise."""
+
+    def __init__(self, n: int):
+        self._cond = threading.Condition()
+        self._active = list(range(n))
+        self._turn = 0
+        self._since = [0.0] * n
+        self.seconds = [0.0] * n
+
+    def wrap(self, i: int, decode: Callable[..., object]) -> Callable[..., object]:
+        """``decode`` that first hands the turn to the next run and waits for its own."""
+
+        def decode_in_turn(*args: object) -> object:
+            self.seconds[i] += time.perf_counter() - self._since[i]
+            with self._cond:
+                self._pass(i)
+                self._cond.wait_for(lambda: self._turn == i)
+            self._since[i] = time.perf_counter()
+            return decode(*args)
+
+        return decode_in_turn
+
+    def run(self, jobs: list[Callable[[], object]]) -> list[object]:
+        """Run ``jobs[i]`` as run ``i`` (its decodes wrapped with :meth:`wrap`); their results."""
+        results: list[object] = [None] * len(jobs)
+        errors: list[BaseException] = []
+
+        def job(i: int) -> None:
+            with self._cond:
+                self._cond.wait_for(lambda: self._turn == i)
+            self._since[i] = time.perf_counter()
+            try:
+                results[i] = jobs[i]()
+            except BaseException as e:
+                errors.append(e)
+            finally:
+                self.seconds[i] += time.perf_counter() - self._since[i]
+                with self._cond:
+                    self._pass(i)
+                    self._active.remove(i)
+
+        threads = [threading.Thread(target=job, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+    def _pass(self, i: int) -> None:
+        """Hand the turn from run ``i`` to the next active one (lock held)."""
+        at = self._active.index(i)
+        self._turn = self._active[(at + 1) % len(self._active)]
+        self._cond.notify_all()

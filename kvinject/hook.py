@@ -130,7 +130,6 @@ class KVHook:
         self._sums = np.zeros((2, gc.N_SUMS), np.float64)  # the compiled side's, this decode
         self._total_sums = np.zeros((2, gc.N_SUMS), np.float64)  # and over the finished decodes
         self._segments = np.zeros((2, 0), np.int64)  # noise block address and rows per segment
-        self._learned = np.zeros(0, np.int64)
         self._python_apply = _APPLY(self._apply)
         self._head = head = np.zeros(gc.HEADER, np.int64)
         head[gc.RUN_SITE] = -1
@@ -180,8 +179,8 @@ class KVHook:
         """Run ``decode`` (one llama_decode) with the hook recording the graph's nodes and
         claiming none, then plan the claims."""
         head = self._head
-        self._learned = np.zeros(LEARN_CAPACITY, np.int64)
-        head[gc.LEARNED], head[gc.LEARN_CAP], head[gc.N_LEARNED] = self._learned.ctypes.data, LEARN_CAPACITY, 0
+        learned = np.zeros(LEARN_CAPACITY, np.int64)
+        head[gc.LEARNED], head[gc.LEARN_CAP], head[gc.N_LEARNED] = learned.ctypes.data, LEARN_CAPACITY, 0
         head[gc.MODE] = gc.LEARN
         try:
             decode()
@@ -189,7 +188,10 @@ class KVHook:
             head[gc.MODE] = gc.RUN
         self._raise_native_error()
         # The graph's nodes stay in the context's compute memory until the next decode.
-        nodes = [GraphNode.read(int(ptr)) for ptr in self._learned[: head[gc.N_LEARNED]]]
+        ptrs = [int(ptr) for ptr in learned[: head[gc.N_LEARNED]]]
+        if ptrs:
+            ggml.check_layout(ptrs[0])
+        nodes = [GraphNode.read(ptr) for ptr in ptrs]
         self.plan = Plan.learn(nodes, self._names)
         missing = sorted(self._names[n] for n in set(self._names) - set(self.plan.n_runs))
         if missing:
@@ -198,10 +200,6 @@ class KVHook:
                 f"(missing {len(missing)} of {len(self._names)}, e.g. {missing[:4]}): this "
                 "architecture names its K/V nodes differently and is not supported yet"
             )
-        for node in nodes:
-            if node.name in self._names:
-                ggml.check_layout(node.ptr)
-                break
         for name, (c, il) in self._names.items():
             self._sites[_site(c, il), [gc.N_RUNS, gc.FINAL_OP]] = self.plan.n_runs[name], self.plan.final_op[name]
         at = 0

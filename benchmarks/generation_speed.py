@@ -50,21 +50,26 @@ def batched_bench(tool, model: Model, prompt: int, args: argparse.Namespace) -> 
     return float(row.strip("|").split("|")[-1])
 
 
-def fixed_generation(model: Model, prompts: list[list[int]], spec: str, max_tokens: int, in_turn=lambda decode: decode) -> int:
-    """Prompt and generated tokens when every prompt generates exactly ``max_tokens``;
-    ``in_turn`` wraps the context's decode."""
+def fixed_generation(model: Model, prompts: list[list[int]], spec: str, max_tokens: int, turns: TakeTurns | None = None, run: int = 0) -> int:
+    """Prompt and generated tokens when every prompt generates exactly ``max_tokens``; with
+    ``turns``, as its run ``run``."""
     per_seq = max(map(len, prompts)) + max_tokens + 1
-    with generation_context(model, Configuration.parse(spec), 0, 0, per_seq) as ctx:
-        ctx.decode = in_turn(ctx.decode)
+    call = turns.call if turns else lambda fn, *args: fn(*args)
+    ctx = call(generation_context, model, Configuration.parse(spec), 0, 0, per_seq)
+    try:
+        if turns:
+            ctx.decode = turns.wrap(run, ctx.decode)
         gens = generate_all(ctx, prompts, max_tokens, items=range(len(prompts)), ignore_eos=True)
         return sum(len(prompts[i]) + len(gen.tokens) for i, gen in gens)
+    finally:
+        call(ctx.close)
 
 
 def fixed_pair(model: Model, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
     """tokens/s of each configuration generating the same fixed-length work, the two taking
     turns decode by decode (context set-up included)."""
     turns = TakeTurns(len(SPECS))
-    tokens = turns.run([partial(fixed_generation, model, prompts, spec, max_tokens, partial(turns.wrap, i)) for i, spec in enumerate(SPECS)])
+    tokens = turns.run([partial(fixed_generation, model, prompts, spec, max_tokens, turns, i) for i, spec in enumerate(SPECS)])
     return {spec: n / seconds for spec, n, seconds in zip(SPECS, tokens, turns.seconds)}
 
 

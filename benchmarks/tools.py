@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 BUILD_HINT = """\
 build them from the llama.cpp inside the llama-cpp-python sdist (about 15 minutes on 2 cores):
@@ -53,19 +57,31 @@ def run_tool(argv: list[str | Path]) -> str:
 
 
 class TakeTurns:
-    """Runs in threads that take turns decode by decode, each timed only while it holds the
-    turn: on a machine whose speed drifts within minutes, the drift then weighs on every run
-    alike, which whole runs one after the other cannot promise."""
+    """Runs that take turns decode by decode, each timed only while it holds the turn: on a
+    machine whose speed drifts within minutes, the drift then weighs on every run alike,
+    which whole runs one after the other cannot promise.
+
+    Each run is a thread, but everything that calls into llama.cpp goes through :meth:`call`
+    and runs on the thread that called :meth:`run`, as the rest of a script does: llama.cpp's
+    OpenMP keeps a team of worker threads per calling thread, and with more of them than
+    cores their spinning turns into sleeping and waking, which cost a third of the speed."""
 
     def __init__(self, n: int):
         self._cond = threading.Condition()
         self._active = list(range(n))
         self._turn = 0
         self._since = [0.0] * n
+        self._calls: queue.Queue[tuple[Callable[..., object], tuple, Future] | None] = queue.Queue()
         self.seconds = [0.0] * n
 
+    def call(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` on the thread that runs :meth:`run`."""
+        future: Future = Future()
+        self._calls.put((fn, args, future))
+        return future.result()
+
     def wrap(self, i: int, decode: Callable[..., object]) -> Callable[..., object]:
-        """``decode`` that first hands the turn to the next run and waits for its own."""
+        """``decode`` for run ``i``: hands the turn to the next run, waits for its own, calls."""
 
         def decode_in_turn(*args: object) -> object:
             self.seconds[i] += time.perf_counter() - self._since[i]
@@ -73,12 +89,12 @@ class TakeTurns:
                 self._pass(i)
                 self._cond.wait_for(lambda: self._turn == i)
             self._since[i] = time.perf_counter()
-            return decode(*args)
+            return self.call(decode, *args)
 
         return decode_in_turn
 
     def run(self, jobs: list[Callable[[], object]]) -> list[object]:
-        """Run ``jobs[i]`` as run ``i`` (its decodes wrapped with :meth:`wrap`); their results."""
+        """Run ``jobs[i]`` as run ``i``; their results."""
         results: list[object] = [None] * len(jobs)
         errors: list[BaseException] = []
 
@@ -95,10 +111,22 @@ class TakeTurns:
                 with self._cond:
                     self._pass(i)
                     self._active.remove(i)
+                self._calls.put(None)
 
         threads = [threading.Thread(target=job, args=(i,)) for i in range(len(jobs))]
         for t in threads:
             t.start()
+        finished = 0
+        while finished < len(jobs):
+            request = self._calls.get()
+            if request is None:
+                finished += 1
+                continue
+            fn, args, future = request
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:
+                future.set_exception(e)
         for t in threads:
             t.join()
         if errors:

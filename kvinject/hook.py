@@ -267,7 +267,7 @@ class KVHook:
             self._raise_errors()
             hits = self._sites[self._expected_rows, gc.HITS]
             if (hits != 1).any():
-                missing = sorted(("kv"[s & 1], s // 2) for s, n in zip(self._expected_rows, hits) if n == 0)
+                missing = sorted(("kv"[s & 1], s // 2) for s, n in zip(self._expected_rows.tolist(), hits.tolist()) if n == 0)
                 raise InjectionError(
                     f"this decode perturbed {np.count_nonzero(hits)} of the {len(hits)} targeted "
                     f"K/V cache writes (missing e.g. {missing[:4]}); was the decode larger than one ubatch?"
@@ -299,7 +299,7 @@ class KVHook:
 
     def _raise_native_error(self) -> None:
         head = self._head
-        code, site, value = head[gc.ERROR], head[gc.ERROR_SITE], head[gc.ERROR_VALUE]
+        code, site, value = head[[gc.ERROR, gc.ERROR_SITE, gc.ERROR_VALUE]].tolist()
         if not code:
             return
         head[gc.ERROR] = 0

@@ -11,7 +11,7 @@ from typing import Callable
 
 from .benchmarks import Benchmark, make_bench
 from .exceptions import KvinjectError
-from .grid import Cell, Grid
+from .grid import Cell, Grid, GridError
 from .model import CPU_PARALLEL, Model, file_sha256, resolve_model
 from .options import BackendOptions
 from .store import Store
@@ -75,7 +75,10 @@ class Sweep:
     def bench(self, cell: Cell) -> Benchmark:
         key = (cell.bench, cell.options)
         if key not in self._benches:
-            self._benches[key] = make_bench(cell.bench, {k: list(v) if isinstance(v, tuple) else v for k, v in cell.options})
+            try:
+                self._benches[key] = make_bench(cell.bench, {k: list(v) if isinstance(v, tuple) else v for k, v in cell.options})
+            except KvinjectError as e:  # a bad option value or data file: say which section
+                raise GridError(f"{self.grid.path}: [bench.{cell.bench}] {e}") from None
         return self._benches[key]
 
     def plan(self) -> list[Planned]:

@@ -93,6 +93,13 @@ def test_dry_run_lists_cells_without_creating_a_store(tmp_path, tiny_path):
     assert not list(tmp_path.glob("*.sqlite"))
 
 
+def test_a_bad_bench_option_value_names_its_section(tmp_path, tiny_path):
+    grid = write_grid(tmp_path, tiny_path, limit=0)
+    out = subprocess.run([sys.executable, "-m", "kvinject", "sweep", str(grid), "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "[bench.nexttoken] limit must be at least 1, got 0" in out.stderr
+
+
 def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path, tiny_path):
     grid, store = write_grid(tmp_path, tiny_path, limit=40), tmp_path / "s.sqlite"
     proc = sweep(grid, "--store", store)

@@ -1,6 +1,6 @@
 """Decode time with the K/V hook against the same decode without it, interleaved decode by decode.
 
-    python benchmarks/hook_overhead.py [--model M] [--steps 100] [--sequences 1 8]
+    python benchmarks/hook_overhead.py [--model M] [--steps 100] [--sequences 1 8] [--errors normal:0,0 ...]
 
 For each number of sequences, one context per configuration holds the same short prompt per
 sequence; then --steps times, each context decodes the next token of every sequence, the
@@ -19,14 +19,14 @@ from kvinject.error_models import parse_error
 from kvinject.model import Model
 from kvinject.options import BackendOptions
 
-CONFIGS = ["none", "normal:0,0", "normal:0,0.25"]
+ERRORS = ["normal:0,0", "normal:0,0.25"]
 PROMPT = "The history of the printing press begins in the fifteenth century, when"
 
 
-def decode_times(model: Model, n_seq: int, steps: int) -> dict[str, list[float]]:
+def decode_times(model: Model, specs: list[str], n_seq: int, steps: int) -> dict[str, list[float]]:
     prompt = model.tokenize(PROMPT)
-    contexts = {spec: model.context(error=parse_error(spec), n_seq=n_seq, n_ctx=n_seq * (len(prompt) + steps) + 64) for spec in CONFIGS}
-    times: dict[str, list[float]] = {spec: [] for spec in CONFIGS}
+    contexts = {spec: model.context(error=parse_error(spec), n_seq=n_seq, n_ctx=n_seq * (len(prompt) + steps) + 64) for spec in specs}
+    times: dict[str, list[float]] = {spec: [] for spec in specs}
     try:
         for ctx in contexts.values():
             for seq in range(n_seq):
@@ -50,13 +50,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--sequences", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--errors", nargs="+", default=ERRORS, help="error specs compared with none")
     args = ap.parse_args()
     model = Model(args.model, BackendOptions(threads=args.threads))
     print(f"model {model.path.name}, {model.backend.n_threads} threads, {args.steps} interleaved decode steps")
     print(f"{'sequences':>9}  {'error':<16}{'ms/decode':>10}  {'ratio':>6}")
+    specs = ["none", *args.errors]
     for n_seq in args.sequences:
-        times = decode_times(model, n_seq, args.steps)
-        for spec in CONFIGS:
+        times = decode_times(model, specs, n_seq, args.steps)
+        for spec in specs:
             ratio = statistics.median(clean / t for clean, t in zip(times["none"], times[spec]))
             print(f"{n_seq:>9}  {spec:<16}{statistics.median(times[spec]) * 1e3:>10.2f}  {ratio:>6.3f}")
 

@@ -30,8 +30,8 @@ from .realized import RealizedStats
 MODE, RUN_SITE, RUN_LAST, COMPUTED, ERROR, ERROR_SITE, ERROR_VALUE = range(7)
 AT, ROWS, WIDTH, N_SEG, SEG_PTR, SEG_ROWS = range(7, 13)
 N_SITES, SITES, GROUPS, SUMS, LEARNED, N_LEARNED, LEARN_CAP = range(13, 20)
-PYTHON_APPLY, IS_HOST, NATIVE, ROW_K, ROW_V, PREFIX_K, PREFIX_V = range(20, 27)
-HEADER = 27
+PYTHON_APPLY, IS_HOST, IS_CONTIGUOUS, NATIVE, ROW_K, ROW_V, PREFIX_K, PREFIX_V = range(20, 28)
+HEADER = 28
 
 # Modes.
 RUN, LEARN = 0, 1
@@ -46,9 +46,7 @@ MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW = 1, 2, 3, 4
 # Realized-error sums per component, in RealizedStats' field order (written by _multiply).
 N_SUMS = len(fields(RealizedStats))
 
-_TYPE, _BUFFER, _NE, _NB, _OP, _DATA, _NAME = (
-    getattr(ggml.GgmlTensor, f).offset for f in ("type", "buffer", "ne", "nb", "op", "data", "name")
-)
+_TYPE, _BUFFER, _NE, _OP, _DATA, _NAME = (getattr(ggml.GgmlTensor, f).offset for f in ("type", "buffer", "ne", "op", "data", "name"))
 
 
 def _pointer_to(element: types.Type):
@@ -68,8 +66,9 @@ _i64, _i32, _u32, _u8, _f32, _f64 = (
 
 
 @intrinsic
-def _is_host(typingctx, function, buffer):
-    """``ggml_backend_buffer_is_host(buffer)``, called through its address."""
+def _ggml_test(typingctx, function, pointer):
+    """A ggml ``bool f(pointer)`` (ggml_is_contiguous, ggml_backend_buffer_is_host), called
+    through its address."""
 
     def codegen(context, builder, signature, args):
         fnty = ir.FunctionType(ir.IntType(8), [ir.IntType(64)])
@@ -174,14 +173,8 @@ def _perturb(head, t, site):
     component = site & 1
     row = head[ROW_K + component]
     ne = carray(_i64(t + _NE), 4)
-    nb = carray(_i64(t + _NB), 4)
-    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32
-    stride = 4
-    for i in range(4):  # ggml_is_contiguous: dims of size 1 may have any stride
-        if ne[i] != 1:
-            ok = ok and nb[i] == stride
-            stride *= ne[i]
     n = ne[0] * ne[1] * ne[2] * ne[3]
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], t) != 0
     if not ok:
         _fail(head, NOT_F32, site, n)
         return
@@ -191,7 +184,7 @@ def _perturb(head, t, site):
     at = head[AT]
     head[AT] = at + row
     buffer = carray(_i64(t + _BUFFER), 1)[0]
-    if head[NATIVE] == 0 or _is_host(head[IS_HOST], buffer) == 0:
+    if head[NATIVE] == 0 or _ggml_test(head[IS_HOST], buffer) == 0:
         _python_apply(head[PYTHON_APPLY], t, site, at)
         return
     x = carray(_f32(carray(_i64(t + _DATA), 1)[0]), n)

@@ -142,7 +142,9 @@ class KVHook:
         head[gc.PREFIX_K], head[gc.PREFIX_V] = (gc.prefix(self._node_name(c, 0)) for c in "kv")
         head[gc.NATIVE] = isinstance(error, Multiplicative)
         head[gc.PYTHON_APPLY] = ctypes.cast(self._python_apply, ctypes.c_void_p).value
-        head[gc.IS_HOST] = ctypes.cast(ggml.lib().ggml_backend_buffer_is_host, ctypes.c_void_p).value
+        head[gc.IS_HOST], head[gc.IS_CONTIGUOUS] = (
+            ctypes.cast(fn, ctypes.c_void_p).value for fn in (ggml.lib().ggml_backend_buffer_is_host, ggml.lib().ggml_is_contiguous)
+        )
         self.callback = ll.ggml_backend_sched_eval_callback(gc.callback.address)
         self.user_data = ctypes.c_void_p(head.ctypes.data)
 
@@ -368,8 +370,6 @@ class _DecodeNoise:
         self.at = 0  # components per row consumed before the current site
 
     def take(self, n: int) -> np.ndarray:
-        r = n // self._rows
-        if r * self._rows != n:
-            raise InjectionError(f"a cache write of {n} values does not split into the {self._rows} rows of this decode")
+        r = n // self._rows  # whole rows: the compiled callback checked the cache write's size
         pieces = [block[self.at * rows : (self.at + r) * rows] for block, rows in self.blocks]
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

@@ -1,0 +1,154 @@
+"""The error-model base: the registry, spec parsing, and the noise streams models draw from.
+
+Each model is a small frozen dataclass registered under a name, parsed from a spec such as
+``normal:0,0.25`` and applied in place to a float32 array of K or V rows. Models that need
+randomness draw it in large blocks (``draw``) from a :class:`Draws` stream, so the hook pays
+for one slice per cache write instead of one random-number call.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import MISSING, fields
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from ..exceptions import SpecError
+from ..values import parse_float, parse_int
+
+REGISTRY: dict[str, type[ErrorModel]] = {}
+
+# Values drawn per refill: large enough that drawing is one numpy call per many decodes,
+# small enough to stay in cache.
+BLOCK = 1 << 16
+
+
+def register(cls: type[ErrorModel]) -> type[ErrorModel]:
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+class Draws:
+    """A reproducible stream of random values, generated in blocks by ``draw(rng, n)``."""
+
+    def __init__(self, draw: Callable[[np.random.Generator, int], np.ndarray], rng: np.random.Generator):
+        self._draw = draw
+        self._rng = rng
+        self._block = draw(rng, BLOCK)
+        self._pos = 0
+
+    def take(self, n: int) -> np.ndarray:
+        if self._pos + n <= len(self._block):
+            out = self._block[self._pos : self._pos + n]
+            self._pos += n
+            return out
+        rest = self._block[self._pos :]
+        fresh = self._draw(self._rng, max(BLOCK, n - len(rest)))
+        out = np.concatenate([rest, fresh[: n - len(rest)]])
+        self._block, self._pos = fresh, n - len(rest)
+        return out
+
+
+class ErrorModel(ABC):
+    """One kind of error. Subclasses set ``name``, ``syntax`` and ``summary`` and implement
+    ``apply``; those that need randomness also implement ``draw``."""
+
+    name: ClassVar[str]
+    syntax: ClassVar[str]
+    summary: ClassVar[str]
+    example: ClassVar[str]
+
+    @classmethod
+    def parse(cls, args: list[str], options: dict[str, str]) -> ErrorModel:
+        """Positional args fill the dataclass fields in order; options are ``key=value``."""
+        names = [f.name for f in fields(cls)]
+        if len(args) > len(names):
+            raise SpecError(f"'{cls.name}' takes at most {len(names)} values, got {len(args)}")
+        values: dict[str, str] = dict(zip(names, args))
+        for key, value in options.items():
+            if key not in names:
+                raise SpecError(f"'{cls.name}' has no option '{key}' (options: {', '.join(names)})")
+            if key in values:
+                raise SpecError(f"'{cls.name}': '{key}' given twice")
+            values[key] = value
+        kwargs = {}
+        for f in fields(cls):
+            if f.name not in values:
+                if f.default is not MISSING:
+                    continue
+                raise SpecError(f"'{cls.name}' needs a value for '{f.name}'")
+            kwargs[f.name] = _convert(cls.name, f.name, f.type, values[f.name])
+        return cls(**kwargs)
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec string, parseable back into an equal model."""
+        # Fields with a default (options such as group=, field=) are written as key=value.
+        values = ",".join(_fmt(getattr(self, f.name)) if f.default is MISSING else f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self))
+        return f"{self.name}:{values}" if values else self.name
+
+    @property
+    def injects(self) -> bool:
+        return True
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        raise NotImplementedError(f"{self.name} draws no random values")
+
+    @property
+    def random(self) -> bool:
+        return type(self).draw is not ErrorModel.draw
+
+    @abstractmethod
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        """Change ``x`` (float32, shape (rows, components)) in place."""
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return repr(value).removesuffix(".0") if value.is_integer() else repr(value)
+    return str(value)
+
+
+def _convert(model: str, field: str, typ: object, text: str) -> object:
+    typ = {"float": float, "int": int, "str": str}.get(typ, typ) if isinstance(typ, str) else typ
+    if typ is int:
+        return parse_int(f"'{model}': {field}", text)
+    if typ is float:
+        return parse_float(f"'{model}': {field}", text)
+    return text
+
+
+class Multiplicative(ErrorModel):
+    """kv = kv * factor, with one random factor per component drawn by ``draw``."""
+
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        x *= draws.take(x.size).reshape(x.shape)
+
+
+def parse_error(spec: str) -> ErrorModel:
+    """Parse ``NAME[:V1,V2,...,key=value]`` into a registered error model."""
+    name, _, rest = spec.strip().partition(":")
+    cls = REGISTRY.get(name.strip().lower())
+    if cls is None:
+        raise SpecError(f"unknown error model '{name}' in '{spec}'.\n{valid_forms()}")
+    args: list[str] = []
+    options: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))) if rest.strip() else ():
+        if "=" in part:
+            key, _, value = part.partition("=")
+            if key.strip() in options:
+                raise SpecError(f"bad error spec '{spec}': option '{key.strip()}' given twice\nvalid form: {cls.syntax} (e.g. {cls.example})")
+            options[key.strip()] = value.strip()
+        elif options:
+            raise SpecError(f"'{spec}': positional value '{part}' after key=value options")
+        else:
+            args.append(part)
+    try:
+        return cls.parse(args, options)
+    except SpecError as e:
+        raise SpecError(f"bad error spec '{spec}': {e}\nvalid form: {cls.syntax} (e.g. {cls.example})") from None
+
+
+def valid_forms() -> str:
+    return "Valid forms:\n" + "\n".join(f"  {c.syntax:<44} {c.summary}" for c in REGISTRY.values())

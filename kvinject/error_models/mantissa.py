@@ -1,0 +1,29 @@
+"""Mantissa truncation of the fp32 value (the study's bit masking)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..exceptions import SpecError
+from .base import Draws, ErrorModel, register
+
+
+@register
+@dataclass(frozen=True)
+class Mantissa(ErrorModel):
+    bits: int
+    name: ClassVar[str] = "mantissa"
+    syntax: ClassVar[str] = "mantissa:N"
+    summary: ClassVar[str] = "Keep N of the 23 mantissa bits of each fp32 component (truncation, the study's bit masking)."
+    example: ClassVar[str] = "mantissa:7"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.bits <= 23:
+            raise SpecError(f"'mantissa': N must be in 0..23, got {self.bits}")
+
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        mask = np.uint32((0xFFFFFFFF << (23 - self.bits)) & 0xFFFFFFFF)
+        x.view(np.uint32)[...] &= mask

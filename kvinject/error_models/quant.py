@@ -1,0 +1,39 @@
+"""Simulated integer quantization, round to nearest with an absmax scale per group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..exceptions import SpecError
+from .base import Draws, ErrorModel, register
+
+
+@register
+@dataclass(frozen=True)
+class Quant(ErrorModel):
+    bits: int
+    group: int = 32
+    name: ClassVar[str] = "quant"
+    syntax: ClassVar[str] = "quant:BITS[,group=G]"
+    summary: ClassVar[str] = (
+        "Simulated symmetric absmax round-to-nearest integer quantization of each group of G consecutive components of a K/V row (default G=32, as q8_0/q4_0)."
+    )
+    example: ClassVar[str] = "quant:4,group=32"
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.bits <= 16:
+            raise SpecError(f"'quant': BITS must be in 2..16, got {self.bits}")
+        if self.group < 1:
+            raise SpecError(f"'quant': group must be >= 1, got {self.group}")
+
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        if x.shape[1] % self.group:
+            raise SpecError(f"'quant': group {self.group} does not divide the row length {x.shape[1]}")
+        g = x.reshape(-1, self.group)
+        qmax = np.float32(2 ** (self.bits - 1) - 1)
+        scale = np.abs(g).max(axis=1, keepdims=True) / qmax
+        scale[scale == 0] = 1  # an all-zero group stays zero
+        np.multiply(np.clip(np.rint(g / scale), -qmax, qmax), scale, out=g)

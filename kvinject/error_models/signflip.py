@@ -1,0 +1,29 @@
+"""Sign flips: each component negated with a probability."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..exceptions import SpecError
+from .base import Multiplicative, register
+
+
+@register
+@dataclass(frozen=True)
+class SignFlip(Multiplicative):
+    p: float
+    name: ClassVar[str] = "signflip"
+    syntax: ClassVar[str] = "signflip:P"
+    summary: ClassVar[str] = "Each component's sign is flipped with probability P."
+    example: ClassVar[str] = "signflip:0.01"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.p <= 1:
+            raise SpecError(f"'signflip': P must be in [0, 1], got {self.p}")
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        flip = rng.random(n, dtype=np.float32) < self.p
+        return np.where(flip, np.float32(-1), np.float32(1))

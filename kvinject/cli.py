@@ -417,16 +417,21 @@ def report(
         Optional[Path],
         typer.Option("--heatmap", help="Draw score over length x depth (passkey, niah, vt) to this PNG, a panel per configuration (needs matplotlib)."),
     ] = None,
+    frontier: Annotated[
+        Optional[Path],
+        typer.Option("--frontier", help="Draw each bench's score against bits per K/V element to this PNG, with the Pareto front (needs matplotlib)."),
+    ] = None,
 ) -> None:
     """Merge results stores and print the study-style table: score, CIs, percent of control and
     the paired test, per bench and configuration."""
+    from .plots import frontier as draw_frontier
+    from .plots import heatmap as draw_heatmap
+    from .plots import plot as draw
     from .report import FORMATS, load_records, matches, render, study_table, summarize, terminal_tables
-    from .report import heatmap as draw_heatmap
-    from .report import plot as draw
 
     if output_format not in FORMATS:
         raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")
-    check_writable(plot, heatmap)
+    check_writable(plot, heatmap, frontier)
     records = [r for r in load_records(stores) if matches(r, filters or [])]
     if not records:
         raise KvinjectError("no records match")
@@ -450,6 +455,9 @@ def report(
     if heatmap:
         draw_heatmap(records, heatmap)
         Console(stderr=True).print(f"heatmap written to {heatmap}")
+    if frontier:
+        draw_frontier(df, frontier)
+        Console(stderr=True).print(f"frontier written to {frontier}")
 
 
 @app.command()

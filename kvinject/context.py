@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
+from .bits import bits_per_element
 from .error_models import Draws, ErrorModel, NoError
 from .exceptions import InjectionError, ModelError, SpecError
 from .ggml import CACHE_TYPES
@@ -147,6 +148,11 @@ class Context:
     @property
     def realized(self) -> Realized:
         return self.hook.realized if self.hook is not None else Realized.empty()
+
+    @property
+    def bits_per_element(self) -> float:
+        m = self.model
+        return bits_per_element(self.error, self.target, self.cache, m.n_layer, m.n_head_kv * m.head_dim_k, m.n_head_kv * m.head_dim_v)
 
     @property
     def kv_cache_bytes(self) -> dict[str, float] | None:

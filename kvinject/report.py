@@ -1,13 +1,11 @@
-"""Tables (and plots) from one or more results stores: the study's score and percent of
-control for each bench and configuration, with confidence intervals and the paired test."""
+"""Tables from one or more results stores: the study's score and percent of control for each
+bench and configuration, with confidence intervals and the paired test (figures: plots.py)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from .benchmarks import BENCHMARKS
@@ -157,98 +155,3 @@ def render(table: pd.DataFrame, fmt: str) -> str:
     if fmt == "latex":
         return table.to_latex(index=False, float_format="%.4g")
     raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")
-
-
-def _pyplot(option: str) -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise KvinjectError(f"{option} needs matplotlib: pip install 'kvinject[plot]'") from None
-    return plt
-
-
-def plot(df: pd.DataFrame, path: Path) -> None:
-    """Degradation curves: each bench's primary score against the realized relative error of
-    K (std), one line per error family, with the runs' 95% CI as a band."""
-    plt = _pyplot("--plot")
-    table = df[primary_rows(df)]
-    benches = list(dict.fromkeys(table["bench"]))
-    fig, axes = plt.subplots(1, len(benches), figsize=(5 * len(benches), 4), squeeze=False)
-    for ax, bench in zip(axes[0], benches):
-        rows = table[table["bench"] == bench]
-        control = rows.iloc[0]
-        ax.axhline(control["mean"], color="gray", linestyle="--", label=f"control ({control['label']})")
-        families = rows.iloc[1:].assign(family=lambda d: d["label"].str.split(":").str[0])
-        for family, part in families.groupby("family", sort=False):
-            part = part.dropna(subset=["realized_k_rel_std"]).sort_values("realized_k_rel_std")
-            if part.empty:
-                continue
-            x = part["realized_k_rel_std"]
-            ax.plot(x, part["mean"], marker="o", label=family)
-            lo, hi = part["ci_low"].fillna(part["mean"]), part["ci_high"].fillna(part["mean"])
-            ax.fill_between(x, lo, hi, alpha=0.2)
-        ax.set_xlabel("realized relative error of K (std)")
-        ax.set_ylabel(f"{BENCHMARKS[bench].primary}")
-        ax.set_title(bench)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-# Per-cell metrics of the long-context benchmarks: METRIC@LENGTH/DEPTH.
-CELL_METRIC = re.compile(r"(?P<metric>.+)@(?P<length>\d+)/(?P<depth>\d+)")
-
-
-def cell_scores(records: list[dict[str, Any]]) -> dict[tuple[str, str], dict[tuple[int, int], list[float]]]:
-    """(bench and options, configuration) -> (length, depth) -> the bench's primary metric in
-    that cell, one value per run."""
-    panels: dict[tuple[str, str], dict[tuple[int, int], list[float]]] = {}
-    for r in records:
-        s = r["settings"]
-        bench = BENCHMARKS.get(s["bench"])
-        options = ", ".join(f"{k}={v}" for k, v in sorted(s["options"].items()) if k not in ("lengths", "depths") and v is not None)
-        for name, value in r["metrics"].items():
-            m = CELL_METRIC.fullmatch(name)
-            if m and bench is not None and m["metric"] == bench.primary and value is not None:
-                cell = (int(m["length"]), int(m["depth"]))
-                model = Path(str(s.get("model"))).name
-                panels.setdefault((f"{model} {s['bench']} ({options})", r["label"]), {}).setdefault(cell, []).append(value)
-    return panels
-
-
-def heatmap(records: list[dict[str, Any]], path: Path) -> None:
-    """The primary score over context length x needle depth, as needle-in-a-haystack plots
-    show it: one panel per bench (with its options) and configuration, the mean across runs."""
-    panels = cell_scores(records)
-    if not panels:
-        raise KvinjectError(
-            f"--heatmap needs per-cell metrics (METRIC@LENGTH/DEPTH, recorded by passkey, niah and vt); none of the {len(records)} records has them"
-        )
-    plt = _pyplot("--heatmap")
-    cols = min(3, len(panels))
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.8 * rows), squeeze=False, layout="constrained")
-    for ax in axes.flat[len(panels) :]:
-        ax.axis("off")
-    for ax, ((experiment, label), cells) in zip(axes.flat, panels.items()):
-        lengths = sorted({n for n, _ in cells})
-        depths = sorted({d for _, d in cells})
-        grid = np.full((len(depths), len(lengths)), np.nan)
-        for (n, d), values in cells.items():
-            grid[depths.index(d), lengths.index(n)] = np.mean(values)
-        image = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-        for (i, j), value in np.ndenumerate(grid):
-            if np.isfinite(value):
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize="small")
-        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-        ax.set_yticks(range(len(depths)), [f"{d}%" for d in depths])
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("depth")
-        ax.set_title(f"{label}\n{experiment}", fontsize="small")
-    fig.colorbar(image, ax=axes, shrink=0.8)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -22,7 +22,7 @@ def bench_table(bench: str, primary: str, secondary: tuple[str, ...], aggregates
     by_label: dict[str, dict[str, dict[str, object]]] = {}
     for a in rows:
         by_label.setdefault(a["label"], {})[a["metric"]] = a
-    present = [m for m in secondary if any(m in metrics for metrics in by_label.values())]
+    present = [m for m in (*secondary, "bits") if any(m in metrics for metrics in by_label.values())]
     shown = present if wide else []
     nonfinite = any(metrics[primary]["nonfinite_items"] for metrics in by_label.values() if primary in metrics)
     caption = f"--wide adds {', '.join(present)}" if present and not wide else None

@@ -71,6 +71,7 @@ def test_every_benchmark_runs_under_the_control_and_an_error(name, tiny):
     assert bench.primary in control.metrics and bench.primary in noisy.metrics
     assert control.realized.k.values == 0 and noisy.realized.k.values > 0
     assert all(len(v) == len(bench) for v in control.items.values())
+    assert control.metrics["bits"] == noisy.metrics["bits"] == 16, "an f16 cache, and noise compresses nothing"
 
 
 def test_a_flag_no_selected_benchmark_takes_is_an_error_not_ignored():

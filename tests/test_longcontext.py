@@ -19,7 +19,7 @@ from kvinject.benchmarks.haystack import (
 )
 from kvinject.config import Configuration
 from kvinject.exceptions import DataError, KvinjectError, SpecError
-from kvinject.report import cell_scores, heatmap
+from kvinject.plots import cell_scores, heatmap
 from kvinject.runner import run
 from kvinject.store import Store
 

@@ -198,8 +198,9 @@ class GenerationBenchmark(Benchmark):
                 nonfinite += self.nonfinite(gen)
                 tokens += len(prompts[i]) + len(gen.tokens)
                 progress(1)
-            realized = ctx.realized
+            realized, bits = ctx.realized, ctx.bits_per_element
         metrics, items = self.summarize(scores)
+        metrics["bits"] = bits
         return RunResult(
             self.name,
             config,

@@ -92,6 +92,12 @@ class ErrorModel(ABC):
     def injects(self) -> bool:
         return True
 
+    def bits_per_element(self, stored: float) -> float:
+        """Bits per element a compressor producing this model's values would store, scales and
+        zero points included, when the cache stores ``stored`` bits per element: noise and faults
+        compress nothing."""
+        return stored
+
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         raise NotImplementedError(f"{self.name} draws no random values")
 

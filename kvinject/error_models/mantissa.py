@@ -24,6 +24,9 @@ class Mantissa(ErrorModel):
         if not 0 <= self.bits <= 23:
             raise SpecError(f"'mantissa': N must be in 0..23, got {self.bits}")
 
+    def bits_per_element(self, stored: float) -> float:
+        return 1 + 8 + self.bits  # sign, fp32's exponent, the mantissa bits kept
+
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         mask = np.uint32((0xFFFFFFFF << (23 - self.bits)) & 0xFFFFFFFF)
         x.view(np.uint32)[...] &= mask

@@ -1,0 +1,22 @@
+"""Bits per K/V element: what a configuration's cache would hold, to compare compressors at
+equal memory."""
+
+from __future__ import annotations
+
+from .error_models import ErrorModel
+from .ggml import BITS_PER_VALUE
+from .options import CacheOptions
+from .target import Target
+
+
+def bits_per_element(error: ErrorModel, target: Target, cache: CacheOptions, n_layer: int, row_k: int, row_v: int) -> float:
+    """The mean over every layer's K and V components: a targeted one at the error model's bits
+    (a compressor stores no more than the cache type holds), the others at their cache type's.
+    Every layer counts as caching every token (sliding-window layers hold fewer cells)."""
+    total = 0.0
+    for component, row, cache_type in (("k", row_k, cache.type_k), ("v", row_v, cache.type_v)):
+        stored = BITS_PER_VALUE[cache_type]
+        compressed = min(stored, error.bits_per_element(stored))
+        targeted = sum(target.wants(component, il) for il in range(n_layer)) if error.injects else 0
+        total += row * (targeted * compressed + (n_layer - targeted) * stored)
+    return total / (n_layer * (row_k + row_v))

@@ -1,0 +1,86 @@
+"""Rounding to a minifloat: fp8 (e4m3, e5m2), fp6 (e3m2, e2m3), fp4 (e2m1), and fp16/bf16.
+
+Formats as the OCP 8-bit floating point specification (FP8 v1.0) and the OCP Microscaling
+specification (MX v1.0) define them, converted by ml_dtypes (the converters of JAX): round
+to nearest, ties to even, subnormals kept. Values beyond the largest finite value saturate
+to it, OCP's conversion mode for machine learning (e4m3, fp6 and fp4 have no infinity).
+``block=N`` adds MX's shared scale: each block of N components of a row is divided by the
+power of two 2^(floor(log2(max |x|)) - emax), emax being the exponent of the element
+format's largest normal value (MX v1.0, section 6.3), rounded, and multiplied back; the
+scale is stored as an 8-bit exponent (E8M0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import ml_dtypes
+import numpy as np
+
+from ..exceptions import SpecError
+from .base import Draws, ErrorModel, register
+
+FORMATS: dict[str, type] = {
+    "e4m3": ml_dtypes.float8_e4m3fn,
+    "e5m2": ml_dtypes.float8_e5m2,
+    "e3m2": ml_dtypes.float6_e3m2fn,
+    "e2m3": ml_dtypes.float6_e2m3fn,
+    "e2m1": ml_dtypes.float4_e2m1fn,
+    "e5m10": np.float16,
+    "e8m7": ml_dtypes.bfloat16,
+}
+SCALE_BITS = 8  # MX's E8M0 shared scale
+SCALE_EXPONENTS = (-127, 127)  # what E8M0 represents (its all-ones code is NaN)
+
+
+@register
+@dataclass(frozen=True)
+class Minifloat(ErrorModel):
+    format: str
+    block: int = 0
+    name: ClassVar[str] = "float"
+    syntax: ClassVar[str] = "float:FORMAT[,block=N]"
+    summary: ClassVar[str] = (
+        "Round each component to a minifloat (OCP formats, nearest-even, saturating): e4m3 and e5m2 (fp8), "
+        "e3m2 and e2m3 (fp6), e2m1 (fp4), e5m10 (fp16), e8m7 (bf16); block=N adds an MX shared power-of-two scale per N components."
+    )
+    example: ClassVar[str] = "float:e4m3"
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise SpecError(f"'float': FORMAT must be one of {', '.join(FORMATS)}, got '{self.format}'")
+        if self.block < 0:
+            raise SpecError(f"'float': block must be >= 0 (0: no shared scale), got {self.block}")
+
+    @property
+    def _info(self) -> ml_dtypes.finfo:
+        return ml_dtypes.finfo(FORMATS[self.format])
+
+    @property
+    def element_bits(self) -> int:
+        return self._info.bits
+
+    def bits_per_element(self, stored: float) -> float:
+        return self.element_bits + (SCALE_BITS / self.block if self.block else 0)
+
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        info = self._info
+        largest = np.float32(info.max)
+        if not self.block:
+            x[...] = _round(x, FORMATS[self.format], largest)
+            return
+        if x.shape[1] % self.block:
+            raise SpecError(f"'float': block {self.block} does not divide the row length {x.shape[1]}")
+        g = x.reshape(-1, self.block)
+        amax = np.abs(g).max(axis=1, keepdims=True)
+        emax = np.frexp(largest)[1] - 1
+        shared = np.clip(np.frexp(amax)[1] - 1 - emax, *SCALE_EXPONENTS)  # frexp: amax = m * 2^e, m in [0.5, 1)
+        scale = np.ldexp(np.float32(1), shared)
+        g[...] = _round(g / scale, FORMATS[self.format], largest) * scale
+
+
+def _round(x: np.ndarray, dtype: type, largest: np.float32) -> np.ndarray:
+    y = np.clip(x, -largest, largest).astype(dtype).astype(np.float32)
+    y[np.isnan(x)] = np.nan  # fp6 and fp4 have no NaN: ml_dtypes makes it 0
+    return y

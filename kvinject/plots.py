@@ -1,0 +1,168 @@
+"""Figures of a report: degradation curves, length x depth heatmaps, and the quality-versus-
+memory frontier. Matplotlib is optional (the ``plot`` extra) and imported only to draw."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .benchmarks import BENCHMARKS
+from .exceptions import KvinjectError
+from .report import primary_rows
+
+
+def _pyplot(option: str) -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise KvinjectError(f"{option} needs matplotlib: pip install 'kvinject[plot]'") from None
+    return plt
+
+
+def plot(df: pd.DataFrame, path: Path) -> None:
+    """Degradation curves: each bench's primary score against the realized relative error of
+    K (std), one line per error family, with the runs' 95% CI as a band."""
+    plt = _pyplot("--plot")
+    table = df[primary_rows(df)]
+    benches = list(dict.fromkeys(table["bench"]))
+    fig, axes = plt.subplots(1, len(benches), figsize=(5 * len(benches), 4), squeeze=False)
+    for ax, bench in zip(axes[0], benches):
+        rows = table[table["bench"] == bench]
+        control = rows.iloc[0]
+        ax.axhline(control["mean"], color="gray", linestyle="--", label=f"control ({control['label']})")
+        families = rows.iloc[1:].assign(family=lambda d: d["label"].str.split(":").str[0])
+        for family, part in families.groupby("family", sort=False):
+            part = part.dropna(subset=["realized_k_rel_std"]).sort_values("realized_k_rel_std")
+            if part.empty:
+                continue
+            x = part["realized_k_rel_std"]
+            ax.plot(x, part["mean"], marker="o", label=family)
+            lo, hi = part["ci_low"].fillna(part["mean"]), part["ci_high"].fillna(part["mean"])
+            ax.fill_between(x, lo, hi, alpha=0.2)
+        ax.set_xlabel("realized relative error of K (std)")
+        ax.set_ylabel(f"{BENCHMARKS[bench].primary}")
+        ax.set_title(bench)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# Per-cell metrics of the long-context benchmarks: METRIC@LENGTH/DEPTH.
+CELL_METRIC = re.compile(r"(?P<metric>.+)@(?P<length>\d+)/(?P<depth>\d+)")
+
+
+def cell_scores(records: list[dict[str, Any]]) -> dict[tuple[str, str], dict[tuple[int, int], list[float]]]:
+    """(bench and options, configuration) -> (length, depth) -> the bench's primary metric in
+    that cell, one value per run."""
+    panels: dict[tuple[str, str], dict[tuple[int, int], list[float]]] = {}
+    for r in records:
+        s = r["settings"]
+        bench = BENCHMARKS.get(s["bench"])
+        options = ", ".join(f"{k}={v}" for k, v in sorted(s["options"].items()) if k not in ("lengths", "depths") and v is not None)
+        for name, value in r["metrics"].items():
+            m = CELL_METRIC.fullmatch(name)
+            if m and bench is not None and m["metric"] == bench.primary and value is not None:
+                cell = (int(m["length"]), int(m["depth"]))
+                model = Path(str(s.get("model"))).name
+                panels.setdefault((f"{model} {s['bench']} ({options})", r["label"]), {}).setdefault(cell, []).append(value)
+    return panels
+
+
+def heatmap(records: list[dict[str, Any]], path: Path) -> None:
+    """The primary score over context length x needle depth, as needle-in-a-haystack plots
+    show it: one panel per bench (with its options) and configuration, the mean across runs."""
+    panels = cell_scores(records)
+    if not panels:
+        raise KvinjectError(
+            f"--heatmap needs per-cell metrics (METRIC@LENGTH/DEPTH, recorded by passkey, niah and vt); none of the {len(records)} records has them"
+        )
+    plt = _pyplot("--heatmap")
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.8 * rows), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
+    for ax, ((experiment, label), cells) in zip(axes.flat, panels.items()):
+        lengths = sorted({n for n, _ in cells})
+        depths = sorted({d for _, d in cells})
+        grid = np.full((len(depths), len(lengths)), np.nan)
+        for (n, d), values in cells.items():
+            grid[depths.index(d), lengths.index(n)] = np.mean(values)
+        image = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+        for (i, j), value in np.ndenumerate(grid):
+            if np.isfinite(value):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize="small")
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+        ax.set_yticks(range(len(depths)), [f"{d}%" for d in depths])
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("depth")
+        ax.set_title(f"{label}\n{experiment}", fontsize="small")
+    fig.colorbar(image, ax=axes, shrink=0.8)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def family(label: str) -> str:
+    """The compressor family of a configuration label: its error model's name, or the native
+    cache type for ``none @q4_0``."""
+    name = re.split(r"[:\s@]", label, maxsplit=1)[0]
+    if name == "none":
+        return "native " + label.partition("@")[2] if "@" in label else "none"
+    return name
+
+
+def pareto(bits: np.ndarray, score: np.ndarray, higher_is_better: bool) -> np.ndarray:
+    """Indices of the points no other point beats at no more bits, by increasing bits."""
+    order = np.lexsort((-score if higher_is_better else score, bits))
+    front, best = [], None
+    for i in order:
+        s = score[i] if higher_is_better else -score[i]
+        if best is None or s > best:
+            front.append(i)
+            best = s
+    return np.array(front, dtype=int)
+
+
+def frontier(df: pd.DataFrame, path: Path) -> None:
+    """Each bench's primary score against bits per K/V element, one point per configuration with
+    its runs' 95% CI, the Pareto front drawn, one colour per compressor family: compressors side
+    by side at equal memory. A panel per model and bench."""
+    table = df[primary_rows(df)]
+    bits = df[df["metric"] == "bits"].groupby(["model", "bench", "label"])["mean"].mean()
+    if bits.empty:
+        raise KvinjectError("--frontier needs the bits per element that results record since this version of kvinject: rerun the sweep")
+    plt = _pyplot("--frontier")
+    panels = list(table.groupby(["model", "bench"], sort=False))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False, layout="constrained")
+    colours = {f: plt.cm.tab10(i % 10) for i, f in enumerate(dict.fromkeys(map(family, table["label"])))}
+    for ax, ((model, bench), rows) in zip(axes[0], panels):
+        x = np.array([bits.get((model, bench, label), np.nan) for label in rows["label"]])
+        y = rows["mean"].to_numpy(float)
+        for (label, row), xi in zip(rows.iterrows(), x):
+            lo, hi = row["ci_low"], row["ci_high"]
+            err = [[row["mean"] - lo], [hi - row["mean"]]] if pd.notna(lo) else None
+            f = family(row["label"])
+            ax.errorbar(xi, row["mean"], yerr=err, fmt="o", color=colours[f], capsize=3, label=f)
+            ax.annotate(row["label"], (xi, row["mean"]), fontsize="x-small", xytext=(3, 3), textcoords="offset points")
+        ok = np.isfinite(x) & np.isfinite(y)
+        front = np.flatnonzero(ok)[pareto(x[ok], y[ok], BENCHMARKS[bench].higher_is_better[BENCHMARKS[bench].primary])]
+        if len(front):  # the front holds from its last point to the most bits shown
+            fx, fy = np.append(x[front], x[ok].max()), np.append(y[front], y[front[-1]])
+            ax.step(fx, fy, where="post", color="black", linewidth=0.8, alpha=0.6, label="Pareto front")
+        ax.margins(x=0.12)
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        ax.legend(unique.values(), unique.keys(), fontsize="small")
+        ax.set_xlabel("bits per K/V element")
+        ax.set_ylabel(BENCHMARKS[bench].primary)
+        ax.set_title(f"{Path(str(model)).name}: {bench}", fontsize="small")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

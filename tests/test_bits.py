@@ -1,0 +1,51 @@
+"""Bits per element of a configuration's cache, and that every result records them."""
+
+import pytest
+
+from kvinject.benchmarks import make_bench
+from kvinject.bits import bits_per_element
+from kvinject.config import Configuration
+from kvinject.runner import run
+from kvinject.target import Target
+
+
+def bits(spec: str, target: str = "kv", layers: str | None = None, n_layer: int = 4, row_k: int = 64, row_v: int = 64) -> float:
+    config = Configuration.parse(spec, Target.parse(target, layers))
+    return bits_per_element(config.error, config.target, config.cache, n_layer, row_k, row_v)
+
+
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("none", 16),
+        ("none@f32", 32),
+        ("none@q8_0", 8.5),  # 34-byte blocks of 32: an fp16 scale and 32 int8
+        ("none@q4_0", 4.5),
+        ("none@f16/q4_0", (16 + 4.5) / 2),
+        ("normal:0,0.25", 16),
+        ("quant:4", 4.5),
+        ("quant:4,group=64", 4.25),
+        ("quant:8@q4_0", 4.5),  # values on an 8-bit grid stored at 4.5 bits take 4.5
+        ("float:e4m3", 8),
+        ("float:e2m1,block=32", 4.25),
+        ("mantissa:7", 16),
+    ],
+)
+def test_bits_of_a_configuration(spec: str, expected: float) -> None:
+    assert bits(spec) == pytest.approx(expected)
+
+
+def test_bits_count_only_the_targeted_components_and_layers() -> None:
+    assert bits("float:e4m3", target="v") == pytest.approx((16 + 8) / 2)  # seed 003's K16/V8
+    assert bits("quant:4", layers="0") == pytest.approx((4.5 + 3 * 16 + 4.5 + 3 * 16) / 8)  # K and V of layer 0 of 4
+    # A row's components weigh: K of 64 at 4.5 bits, V of 192 at 16.
+    assert bits("quant:4", target="k", row_v=192) == pytest.approx((64 * 4.5 + 192 * 16) / 256)
+
+
+def test_every_result_records_its_bits(tiny) -> None:
+    bench = make_bench("perplexity", {"ctx": 64, "chunks": 1})
+    configs = [Configuration(), Configuration.parse("quant:4", Target.parse("v"))]
+    control, quant = run(tiny, [bench], configs, runs=1)
+    assert control.metrics["bits"] == 16
+    assert quant.metrics["bits"] == pytest.approx((16 + 4.5) / 2)
+    assert quant.to_dict()["metrics"]["bits"] == quant.metrics["bits"]

@@ -1,0 +1,86 @@
+"""The quality-versus-memory frontier: the Pareto front, compressor families, and
+`kvinject report --frontier` on a sweep of the tiny model."""
+
+import io
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvinject.plots import family, pareto
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def dominated(i: int, bits: np.ndarray, score: np.ndarray) -> bool:
+    """Point i is beaten by another with no more bits and a better score, or equal score and fewer bits."""
+    return any(bits[j] <= bits[i] and score[j] >= score[i] and (bits[j] < bits[i] or score[j] > score[i]) for j in range(len(bits)) if j != i)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pareto_keeps_exactly_the_undominated_points(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    bits = rng.choice([4.25, 4.5, 5.0, 8.0, 8.5, 16.0], 12)
+    score = rng.integers(0, 6, 12).astype(float)
+    front = pareto(bits, score, higher_is_better=True)
+    expected = {i for i in range(12) if not dominated(i, bits, score)}
+    # Identical points: the front keeps one of them.
+    assert {(bits[i], score[i]) for i in front} == {(bits[i], score[i]) for i in expected}
+    assert list(bits[front]) == sorted(bits[front])
+    flipped = pareto(bits, -score, higher_is_better=False)
+    assert {(bits[i], score[i]) for i in flipped} == {(bits[i], score[i]) for i in expected}
+
+
+@pytest.mark.parametrize(
+    "label,expected",
+    [
+        ("none", "none"),
+        ("none @q4_0", "native q4_0"),
+        ("none @f16/q8_0", "native f16/q8_0"),
+        ("quant:4,group=32", "quant"),
+        ("float:e4m3,block=0 [v:all]", "float"),
+    ],
+)
+def test_family_of_a_label(label: str, expected: str) -> None:
+    assert family(label) == expected
+
+
+GRID = """
+[sweep]
+models = ["{model}"]
+runs = 1
+
+[bench.perplexity]
+ctx = 64
+chunks = 2
+
+[[errors]]
+spec = ["quant:4", "float:e4m3", "none@q8_0"]
+"""
+
+
+def test_report_draws_the_frontier_of_a_sweep(tmp_path, tiny_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(model=tiny_path))
+    kvinject = [sys.executable, "-m", "kvinject"]
+    out = subprocess.run([*kvinject, "sweep", str(grid)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    store = str(grid.with_suffix(".results.sqlite"))
+    png = tmp_path / "frontier.png"
+    out = subprocess.run([*kvinject, "report", store, "--frontier", str(png), "--all-metrics", "--format", "csv"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes()[:8] == PNG
+    table = pd.read_csv(io.StringIO(out.stdout))
+    bits = table[table["metric"] == "bits"].set_index("label")["mean"].to_dict()
+    assert bits == {"none": 16, "quant:4,group=32": 4.5, "float:e4m3,block=0": 8, "none @q8_0": 8.5}
+
+
+def test_frontier_names_a_store_without_bits(tmp_path):
+    from kvinject.exceptions import KvinjectError
+    from kvinject.plots import frontier
+
+    df = pd.DataFrame([{"model": "m", "bench": "perplexity", "label": "none", "metric": "ppl", "mean": 10.0, "ci_low": 9.0, "ci_high": 11.0}])
+    with pytest.raises(KvinjectError, match="--frontier needs the bits per element"):
+        frontier(df, tmp_path / "f.png")

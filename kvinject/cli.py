@@ -100,7 +100,7 @@ def _fmt(value: float, spec: str = ".3f") -> str:
 def errors() -> None:
     """List the error models with their syntax and meaning."""
     table = Table(title="Error models (--error SPEC)", show_lines=True)
-    table.add_column("syntax", style="bold cyan", no_wrap=True)
+    table.add_column("syntax", style="bold cyan", max_width=26, overflow="fold")
     table.add_column("meaning")
     table.add_column("example", style="green", no_wrap=True)
     for cls in REGISTRY.values():

@@ -350,7 +350,7 @@ def sweep(
     """Run every cell of a grid into a results store. Safe to interrupt: finished runs are kept,
     and running the same command again does only what is missing. Several workers (one per GPU,
     say) may run the same command on one store on one machine: they split the cell groups."""
-    from .grid import load_grid
+    from .grid import bench_labels, load_grid
     from .llama_log import set_verbose
     from .store import Store
     from .sweep import Sweep, default_store, parse_shard
@@ -374,12 +374,11 @@ def sweep(
             table = Table()
             for col in ("model", "bench", "configuration", "seed", "runs left", "claimed by"):
                 table.add_column(col)
-            for p in planned:
+            for p, bench in zip(planned, bench_labels([p.cell for p in planned])):
                 claim = claims.get(p.cell.group) if p.runs else None
                 worker = f"{claim.worker.host}:{claim.worker.pid}{'' if claim.alive(sw.claim_timeout) else ' (expired)'}" if claim else ""
-                table.add_row(
-                    p.cell.model, p.cell.bench, p.cell.config.label + (" (control)" if p.cell.control else ""), str(p.cell.seed), str(len(p.runs)), worker
-                )
+                label = Text(p.cell.config.label + (" (control)" if p.cell.control else ""))  # not markup: [v:all] is text
+                table.add_row(p.cell.model, bench, label, str(p.cell.seed), str(len(p.runs)), worker)
             console.print(table)
             minutes = sw.estimate_seconds(left) / 60
             being = sum(len(p.runs) for p in left if (c := claims.get(p.cell.group)) and c.alive(sw.claim_timeout))

@@ -68,6 +68,16 @@ class Cell:
         return (self.model, self.bench, self.options, self.seed)
 
 
+def bench_labels(cells: list[Cell]) -> list[str]:
+    """Each cell's bench with the options in which cells of that bench differ (``perplexity
+    ctx=2048`` beside ``perplexity ctx=8192``), so that listed cells never look alike."""
+    by_bench: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        by_bench.setdefault(cell.bench, []).append(dict(cell.options))
+    differing = {bench: sorted(k for k in set().union(*sets) if len({repr(o.get(k)) for o in sets}) > 1) for bench, sets in by_bench.items()}
+    return [" ".join([c.bench, *(f"{k}={v}" for k, v in sorted(c.options) if k in differing[c.bench])]) for c in cells]
+
+
 @dataclass
 class Grid:
     path: Path
@@ -160,15 +170,21 @@ def _build(path: Path, raw: dict[str, Any], max_cells: int) -> Grid:
     benches = raw.get("bench")
     if not isinstance(benches, dict) or not benches:
         raise GridError(f"{path}: declare at least one benchmark, e.g. [bench.nexttoken]")
-    for name, options in benches.items():
+    option_sets: list[tuple[str, dict[str, Any]]] = []  # [[bench.NAME]] tables: several option sets of one bench
+    for name, tables in benches.items():
         if name not in BENCHMARKS:
             raise GridError(f"{path}: [bench.{name}] is not a benchmark (choose from {', '.join(BENCHMARKS)})")
-        if not isinstance(options, dict):
-            raise GridError(f"{path}: bench.{name} must be a table of options, [bench.{name}]")
-        try:
-            BENCHMARKS[name].Options.parse(options)
-        except SpecError as e:
-            raise GridError(f"{path}: [bench.{name}] {e}") from None
+        if not isinstance(tables, list):
+            tables = [tables]
+        if not tables or not all(isinstance(options, dict) for options in tables):
+            raise GridError(f"{path}: bench.{name} must be a table of options, [bench.{name}], or several, [[bench.{name}]]")
+        for i, options in enumerate(tables):
+            where = f"[bench.{name}]" if len(tables) == 1 else f"[[bench.{name}]] #{i + 1}"
+            try:
+                BENCHMARKS[name].Options.parse(options)
+            except SpecError as e:
+                raise GridError(f"{path}: {where} {e}") from None
+            option_sets.append((name, options))
     runs = sweep.get("runs", 5)
     if not _integer(runs) or runs < 1:
         raise GridError(f"{path}: sweep.runs must be a positive integer, got {runs!r}")
@@ -212,7 +228,7 @@ def _build(path: Path, raw: dict[str, Any], max_cells: int) -> Grid:
     extras = raw.get("cells", [])
     if not isinstance(extras, list) or not all(isinstance(e, dict) for e in extras):
         raise GridError(f"{path}: cells must be an array of tables ([[cells]])")
-    cells = len(models) * len(benches) * len(seeds) * (1 + len(specs) * len(targets) * len(caches) + len(extras))
+    cells = len(models) * len(option_sets) * len(seeds) * (1 + len(specs) * len(targets) * len(caches) + len(extras))
     if cells > max_cells:
         raise GridError(f"{path}: the grid expands to {cells} cells, more than {max_cells}; narrow it, or allow it with --max-cells {cells}")
     grid = Grid(path, threads=sweep.get("threads"), n_gpu_layers=sweep.get("n_gpu_layers"), parallel=sweep.get("parallel"))
@@ -226,7 +242,7 @@ def _build(path: Path, raw: dict[str, Any], max_cells: int) -> Grid:
             seen.add(identity)
             grid.cells.append(cell)
 
-    for model, (bench, options), seed in itertools.product(models, benches.items(), seeds):
+    for model, (bench, options), seed in itertools.product(models, option_sets, seeds):
         add(model, bench, options, Configuration.parse(control_spec, cache=caches[0]), seed, control=True)
         for spec, target, cache in itertools.product(specs, targets, caches):
             add(model, bench, options, Configuration.parse(spec, target, cache), seed)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from kvinject.grid import GridError, load_grid
+from kvinject.grid import GridError, bench_labels, load_grid
 from kvinject.store import Store
 from kvinject.sweep import Sweep
 
@@ -135,6 +135,20 @@ def test_a_bad_bench_option_value_names_its_section(tmp_path, tiny_path):
     out = subprocess.run([sys.executable, "-m", "kvinject", "sweep", str(grid), "--dry-run"], check=False, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "[bench.nexttoken] limit must be at least 1, got 0" in out.stderr
+
+
+def test_several_option_sets_of_one_bench_are_separate_experiments(tmp_path, tiny_path):
+    text = GRID.replace("[bench.perplexity]\nctx = 64\nchunks = 1", "[[bench.perplexity]]\nctx = 64\n\n[[bench.perplexity]]\nctx = 128\nchunks = 0")
+    with pytest.raises(GridError, match=r"\[\[bench.perplexity\]\] #2 chunks must be at least 1"):
+        load_grid(write_grid(tmp_path, tiny_path, text=text))
+    grid = load_grid(write_grid(tmp_path, tiny_path, text=text.replace("chunks = 0", "chunks = 2")))
+    perplexity = [c for c in grid.cells if c.bench == "perplexity"]
+    assert sorted({dict(c.options)["ctx"] for c in perplexity}) == [64, 128]
+    assert len(perplexity) == 2 * 4 and sum(c.control for c in perplexity) == 2, "each option set has its control"
+    assert len({c.group for c in perplexity}) == 2
+    labels = dict(zip(map(id, grid.cells), bench_labels(grid.cells)))
+    assert {labels[id(c)] for c in perplexity} == {"perplexity chunks=2 ctx=128", "perplexity ctx=64"}
+    assert {labels[id(c)] for c in grid.cells if c.bench == "nexttoken"} == {"nexttoken"}, "options all cells share stay out"
 
 
 def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path, tiny_path):

@@ -215,6 +215,10 @@ class Model:
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
 
+    @property
+    def has_chat_template(self) -> bool:
+        return ll.llama_model_chat_template(self._ptr, None) is not None
+
     def chat_prompt(self, user: str, system: str | None = None) -> str:
         """The prompt text for one user turn, through the model's own chat template."""
         template = ll.llama_model_chat_template(self._ptr, None)

@@ -64,6 +64,17 @@ def test_the_filler_is_the_bundled_encyclopedia_ending_at_a_whole_sentence(tiny)
     assert build_prompt(tiny, item, bench.fitted[0].filler_words) == bench.fitted[0]
 
 
+def test_a_model_without_a_chat_template_reads_the_task_as_plain_text(tiny, monkeypatch):
+    bench = make_bench("passkey", {"lengths": (1024,), "depths": (50,), "samples": 1})
+    bench.prompts(tiny)
+    item, chat = bench.items[0], bench.fitted[0]
+    monkeypatch.setattr(type(tiny), "has_chat_template", property(lambda self: False))
+    plain = build_prompt(tiny, item, chat.filler_words)
+    assert plain.text.startswith(item.before) and plain.text.endswith(item.after + item.answer_prefix)
+    assert "<|im_start|>" not in plain.text and chat.text.count(plain.text.removesuffix(item.answer_prefix)) == 1
+    assert plain.tokens == tiny.tokenize(plain.text, parse_special=True)
+
+
 def test_the_same_seed_gives_the_same_items_and_another_seed_others():
     def items(seed, **kw):
         return make_bench("niah", {"family": "multivalue", "data_seed": seed, "lengths": (1024, 2048), **kw}).items

@@ -170,7 +170,7 @@ class Prompt:
 
 def build_prompt(model: Model, item: Item, words: int, data: str | None = None) -> Prompt:
     """The prompt of ``item`` with ``words`` words of filler: the model's chat template around
-    the user turn, then the answer prefix (as RULER starts the answer). The filler is the
+    the user turn (plain text for a model without one), then the answer prefix (as RULER starts the answer). The filler is the
     last ``words`` words of the text of ``data`` up to sentence ``item.end`` (going round
     when the text runs out), and the needles stand between its sentences at their depths."""
     sentences = filler_sentences(data)
@@ -189,7 +189,9 @@ def build_prompt(model: Model, item: Item, words: int, data: str | None = None) 
         pieces += [*picked[done:at], item.needles[i].text]
         done = at
     context = " ".join(pieces + picked[done:])
-    text = model.chat_prompt(item.before + context + item.after) + item.answer_prefix
+    task = item.before + context + item.after
+    # A model without a chat template (a base model) reads the task as plain text, as RULER's base template does.
+    text = (model.chat_prompt(task) if model.has_chat_template else task) + item.answer_prefix
     return Prompt(text, model.tokenize(text, parse_special=True), words)
 
 

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
-from .config import configurations
+from .config import Configuration, configurations
 from .error_models import REGISTRY
 from .exceptions import KvinjectError
 from .jsonutil import dumps
@@ -391,15 +391,94 @@ def sweep(
             return
         resume = f"kvinject sweep {grid}" + (f" --shard {shard}" if shard else "") + (f" --store {store}" if store else "")
         try:
-            with _progress() as progress:
-                written = sw.run(
-                    lambda name, total: (lambda task: lambda n: progress.advance(task, n))(progress.add_task(name, total=total)),
-                    lambda message: progress.console.print(message, markup=False, highlight=False, soft_wrap=True),
-                )
+            written = _run_sweep(sw)
         except KeyboardInterrupt:
             Console(stderr=True).print(f"[yellow]interrupted: every finished run is in {store_path}; resume with: {resume}")
             raise typer.Exit(130)
     console.print(f"{written} runs written to {store_path}, nothing left to run; report with: kvinject report {store_path}")
+
+
+def _run_sweep(sw) -> int:
+    """Run a sweep with a progress bar per cell group and its notices above them."""
+    with _progress() as progress:
+        return sw.run(
+            lambda name, total: (lambda task: lambda n: progress.advance(task, n))(progress.add_task(name, total=total)),
+            lambda message: progress.console.print(message, markup=False, highlight=False, soft_wrap=True),
+        )
+
+
+@app.command(name="profile")
+@_bench_flags
+def profile(
+    error: Annotated[str, typer.Option("--error", "-e", help="The error spec put into one layer's K or V at a time, e.g. normal:0,0.5.")],
+    bench: Annotated[str, typer.Option("--bench", "-b", help="The benchmark measured (see `kvinject benchmarks`).")] = "perplexity",
+    metric: Annotated[
+        Optional[str],
+        typer.Option("--metric", help="The metric mapped: default kld (KL divergence from the control) for perplexity, else the bench's headline."),
+    ] = None,
+    runs: Annotated[int, typer.Option("--runs", "-r", help="Runs per layer and component (an error without randomness runs once).")] = 1,
+    seed: SeedOpt = 0,
+    data: Annotated[Optional[str], typer.Option("--data", help="The bench's data: PATH or hf:NAME[:CONFIG][@SPLIT].")] = None,
+    store: Annotated[Optional[Path], typer.Option("--store", help="Results store (default: profile-MODEL-BENCH-ERROR.results.sqlite here).")] = None,
+    heatmap: Annotated[Optional[Path], typer.Option("--heatmap", help="Draw the layer x {K, V} map to this PNG (needs matplotlib).")] = None,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="Write the map as CSV (a row per layer).")] = None,
+    model: ModelOpt = None,
+    n_gpu_layers: GpuOpt = None,
+    flash_attn: FlashOpt = "auto",
+    cache_type_k: CacheKOpt = "f16",
+    cache_type_v: CacheVOpt = "f16",
+    threads: ThreadsOpt = None,
+    parallel: ParallelOpt = None,
+    kv_rotation: RotationOpt = "on",
+    verbose: VerboseOpt = False,
+    bench_values: dict | None = None,
+) -> None:
+    """Map where a model is sensitive: ERROR in one layer's K or V at a time, every layer, on one
+    metric (a resumable sweep: Ctrl-C any time, the same command goes on).
+
+    Example: kvinject profile --error normal:0,0.5 --ctx 512 --chunks 8 --heatmap layers.png
+    """
+    from .benchmarks import make_benches
+    from .llama_log import set_verbose
+    from .plots import sensitivity_map
+    from .profile import profile_grid, profile_metric, sensitivity
+    from .report import load_records
+    from .store import Store
+    from .sweep import Sweep
+
+    set_verbose(verbose)
+    if runs < 1:
+        raise KvinjectError(f"--runs must be >= 1, got {runs}")
+    cache = _cache(flash_attn, cache_type_k, cache_type_v, kv_rotation)
+    err = Configuration.parse(error, cache=cache).error
+    if not err.injects:
+        raise KvinjectError(f"--error {error} puts no error anywhere: give an error model (see `kvinject errors`)")
+    (b,) = make_benches([bench], bench_values or {}, [data] if data else [])
+    metric = profile_metric(bench, metric)
+    check_writable(heatmap, csv)
+    given = {k for k, v in (bench_values or {}).items() if v not in (None, [], ())} | ({"data"} if data else set())
+    backend = BackendOptions(n_gpu_layers=n_gpu_layers, threads=threads, parallel=parallel)
+    grid = profile_grid(model, b, given, err, cache, backend, runs, seed, store)
+    with Store(grid.path) as s:
+        try:
+            _run_sweep(Sweep(grid, s))
+        except KeyboardInterrupt:
+            Console(stderr=True).print(f"[yellow]interrupted: every finished run is in {grid.path}; the same command resumes")
+            raise typer.Exit(130)
+    table = sensitivity(load_records([grid.path]), err, metric)
+    name = Path(grid.cells[0].model).name
+    t = Table(title=f"{bench}: {metric} with {err.spec} in one layer's K or V ({name})", title_justify="left")
+    for col in ("layer", "K", "V"):
+        t.add_column(col, justify="right")
+    for layer, row in table.iterrows():
+        t.add_row(str(layer), *(_fmt(row[c], ".4g") for c in ("k", "v")))
+    console.print(t)
+    if csv:
+        table.to_csv(csv)
+    if heatmap:
+        sensitivity_map(table, metric, f"{name} {bench}: {metric} with {err.spec} in one layer", heatmap)
+        Console(stderr=True).print(f"heatmap written to {heatmap}")
+    console.print(f"[dim]results in {grid.path}")
 
 
 @app.command()

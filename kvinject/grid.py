@@ -154,12 +154,13 @@ def load_grid(path: Path, max_cells: int = MAX_CELLS) -> Grid:
     except tomllib.TOMLDecodeError as e:
         raise GridError(f"{path}: not valid TOML: {e}") from None
     try:
-        return _build(path, raw, max_cells)
+        return build_grid(path, raw, max_cells)
     except SpecError as e:
         raise GridError(f"{path}: {e}") from None
 
 
-def _build(path: Path, raw: dict[str, Any], max_cells: int) -> Grid:
+def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> Grid:
+    """A grid from the parsed TOML of ``path`` (or the same structure built in Python), checked completely."""
     unknown = set(raw) - {"sweep", "bench", "errors", "cells"}
     if unknown:
         raise GridError(f"{path}: unknown top-level key {sorted(unknown)[0]!r} (expected sweep, bench, errors, cells)")

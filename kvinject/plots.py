@@ -166,3 +166,21 @@ def frontier(df: pd.DataFrame, path: Path) -> None:
         ax.set_title(f"{Path(str(model)).name}: {bench}", fontsize="small")
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def sensitivity_map(table: pd.DataFrame, metric: str, title: str, path: Path) -> None:
+    """A profile's metric per layer (across) for K and V (down), as a heatmap."""
+    plt = _pyplot("--heatmap")
+    grid = table.T.to_numpy(float)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * grid.shape[1] + 2), 2.6), layout="constrained")
+    image = ax.imshow(grid, cmap="magma_r", aspect="auto")
+    if grid.shape[1] <= 40:
+        for (i, j), value in np.ndenumerate(grid):
+            ax.text(j, i, f"{value:.2g}", ha="center", va="center", fontsize="xx-small", color="gray")
+    ax.set_xticks(range(grid.shape[1]), [str(layer) for layer in table.index], fontsize="x-small")
+    ax.set_yticks(range(grid.shape[0]), [c.upper() for c in table.columns])
+    ax.set_xlabel("layer")
+    ax.set_title(title, fontsize="small")
+    fig.colorbar(image, ax=ax, label=metric)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

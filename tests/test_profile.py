@@ -1,0 +1,73 @@
+"""`kvinject profile`: one error in one layer's K or V at a time, as a resumable sweep."""
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from kvinject.benchmarks import make_bench
+from kvinject.config import Configuration
+from kvinject.error_models import parse_error
+from kvinject.exceptions import KvinjectError
+from kvinject.profile import sensitivity
+from kvinject.runner import run
+from kvinject.store import Store
+from kvinject.target import Target
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def profile(*args):
+    return subprocess.run([sys.executable, "-m", "kvinject", "profile", *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+def test_profile_maps_each_layer_and_component_as_a_targeted_run_measures_it(tmp_path, tiny_path, tiny):
+    store, png, csv = tmp_path / "p.sqlite", tmp_path / "p.png", tmp_path / "p.csv"
+    args = ["--model", tiny_path, "--error", "normal:0,0.5", "--ctx", 64, "--chunks", 2, "--store", store]
+    out = profile(*args, "--heatmap", png, "--csv", csv)
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes()[:8] == PNG
+    table = pd.read_csv(csv, index_col="layer")
+    assert list(table.index) == [0, 1] and list(table.columns) == ["k", "v"]
+    with Store(store, readonly=True) as s:
+        assert len(list(s.records())) == 1 + 2 * 2, "the control and one run per layer and component"
+    # Each entry is what a run with the error on that layer's K or V alone measures.
+    bench = make_bench("perplexity", {"ctx": 64, "chunks": 2})
+    configs = [Configuration(), Configuration.parse("normal:0,0.5", Target.parse("v", "1"))]
+    _, alone = run(tiny, [bench], configs, runs=1)
+    assert table.loc[1, "v"] == pytest.approx(alone.metrics["kld"], rel=1e-12)
+    assert (table > 0).all().all()
+    again = profile(*args)  # resumes: nothing left to compute
+    assert again.returncode == 0, again.stderr
+    with Store(store, readonly=True) as s:
+        assert len(list(s.records())) == 5
+
+
+def test_profile_refuses_no_error_and_an_unknown_metric(tmp_path, tiny_path):
+    out = profile("--model", tiny_path, "--error", "none@q8_0", "--ctx", 64, "--chunks", 1, "--store", tmp_path / "s.sqlite")
+    assert out.returncode != 0 and "puts no error anywhere" in out.stderr and "Traceback" not in out.stderr
+    out = profile("--model", tiny_path, "--error", "normal:0,0.5", "--metric", "accuracy", "--store", tmp_path / "s.sqlite")
+    assert out.returncode != 0 and "--metric accuracy: perplexity measures ppl, mean_nll, kld" in out.stderr
+    assert not (tmp_path / "s.sqlite").exists(), "refused before anything ran"
+
+
+def test_sensitivity_keeps_single_layer_records_of_its_error():
+    def record(error, target, layers, kld):
+        return {"settings": {"error": error, "target": target, "layers": layers}, "metrics": {"kld": kld, "ppl": 1.0}}
+
+    records = [
+        record("none", "kv", "all", 0.0),
+        record("normal:0,0.5", "k", "0", 0.2),
+        record("normal:0,0.5", "k", "0", 0.4),  # a second run: averaged
+        record("normal:0,0.5", "v", "0", 0.1),
+        record("normal:0,0.5", "kv", "0", 9.0),  # both components: not a cell of the map
+        record("normal:0,0.5", "k", "0-1", 9.0),  # several layers: neither
+        record("normal:0,0.25", "k", "1", 9.0),  # another error
+        record("normal:0,0.5", "v", "1", 0.3),
+    ]
+    table = sensitivity(records, parse_error("normal:0,0.5"), "kld")
+    assert table.loc[0, "k"] == pytest.approx(0.3) and table.loc[0, "v"] == 0.1 and table.loc[1, "v"] == 0.3
+    assert pd.isna(table.loc[1, "k"])
+    with pytest.raises(KvinjectError, match="no metric 'accuracy'"):
+        sensitivity(records, parse_error("normal:0,0.5"), "accuracy")

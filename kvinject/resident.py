@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache_tensor import CacheTensor
+from .cache_tensor import CacheTensor, from_float, to_float
 from .cache_writes import Writes
 from .error_models import CacheResident
-from .exceptions import InjectionError
+from .exceptions import InjectionError, ModelError
 from .realized import Realized, Workspace
 from .target import Target
 
@@ -70,27 +70,32 @@ class ResidentCache:
             tokens.append(writes.cells[:, rows].T)
             self._owner[layers[:, None], writes.cells[layers][:, rows]] = seq << 32 | index
             grown.append((seq, n0, tokens.n))
-        for site in self.sites:
-            if site not in self._tensors:
-                self._tensors[site] = CacheTensor(writes.tensors[site], writes.transposed[site])
+        if not self._tensors:  # cache tensors live as long as the context
+            self._tensors = {site: CacheTensor(writes.tensors[site], writes.transposed[site]) for site in self.sites}
+            for component in "kv":  # read and written together, in one array
+                if len({(t.width, t.kind) for (c, _), t in self._tensors.items() if c == component}) > 1:
+                    raise ModelError(f"this model's layers store {component.upper()} rows of different widths or types; '{self.model.name}' cannot handle them")
         self.model.after_decode(self, grown)
 
-    def cells(self, seq: int, layer: int, start: int, stop: int) -> np.ndarray:
-        """The cells of tokens ``start`` to ``stop`` (exclusive) of ``seq`` in ``layer``'s cache."""
-        cells = self._seqs[seq].cells[start:stop, layer]
-        if not np.array_equal(self._owner[layer, cells], seq << 32 | np.arange(start, stop)):
-            raise InjectionError(f"a token of sequence {seq} between {start} and {stop} has left layer {layer}'s cache; '{self.model.name}' cannot change it")
+    def cells(self, seq: int, layers: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """The cells of tokens ``start`` to ``stop`` (exclusive) of ``seq`` in each of the
+        ``layers``' caches, shape (layers, tokens)."""
+        cells = self._seqs[seq].cells[start:stop, layers].T
+        if (self._owner[layers[:, None], cells] != seq << 32 | np.arange(start, stop)).any():
+            raise InjectionError(f"a token of sequence {seq} between {start} and {stop} has left the cache; '{self.model.name}' cannot change it")
         return cells
 
-    def read(self, site: tuple[str, int], cells: np.ndarray) -> np.ndarray:
-        """The rows of ``cells`` at ``site``, float32, one per cell."""
-        return self._tensors[site].read(cells)
+    def read(self, sites: list[tuple[str, int]], cells: np.ndarray) -> np.ndarray:
+        """The rows of ``cells[i]`` at ``sites[i]`` (of one component), float32, shape (sites, cells, row)."""
+        return to_float(np.stack([self._tensors[site].get(c) for site, c in zip(sites, cells)]), self._tensors[sites[0]].kind)
 
-    def write(self, site: tuple[str, int], cells: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
-        """Store ``after`` at ``cells`` of ``site``, where ``before`` was read."""
-        stored = self._tensors[site].write(cells, after)
-        stats = self.realized.k if site[0] == "k" else self.realized.v
-        stats.add(before, stored, 1, self._work)
+    def write(self, sites: list[tuple[str, int]], cells: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
+        """Store ``after[i]`` at ``cells[i]`` of ``sites[i]`` (of one component), where ``before[i]`` was read."""
+        stored = from_float(after, self._tensors[sites[0]].kind)
+        for site, c, rows in zip(sites, cells, stored):
+            self._tensors[site].set(c, rows)
+        stats = self.realized.k if sites[0][0] == "k" else self.realized.v
+        stats.add(before, to_float(stored, self._tensors[sites[0]].kind), len(sites), self._work)
 
     def forget(self, seq: int) -> None:
         self._seqs.pop(seq, None)

@@ -1,7 +1,7 @@
 """Read K and V back out of a llama context's cache, through llama.cpp's own state export.
 
 The tests use it to measure what actually reached the cache. It understands the state of one
-sequence of an f32 or f16 cache, V transposed (flash attention off) or not.
+sequence of an f32, f16 or bf16 cache, V transposed (flash attention off) or not.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 MAGIC = 0xAF143CD8
-DTYPES = {0: np.float32, 1: np.float16}  # ggml types an exact float32 copy can be read from
+DTYPES = {0: np.float32, 1: np.float16, 30: np.uint16}  # ggml types an exact float32 copy can be read from (30: bf16)
 
 
 def read_cache(ctx, seq: int = 0) -> dict[tuple[str, int], np.ndarray]:
@@ -49,10 +49,12 @@ def read_cells(ctx, seq: int = 0) -> tuple[np.ndarray, dict[tuple[str, int], np.
         for layer in range(n_layer):
             transposed = component == "v" and v_trans  # one row per component: type, element size, components
             typ, size = take("iI" if transposed else "iQ")  # element or row size
-            assert typ in DTYPES, "only an f32 or f16 cache can be read back exactly"
+            assert typ in DTYPES, "only an f32, f16 or bf16 cache can be read back exactly"
             shape = (take("I"), cells) if transposed else (cells, size // np.dtype(DTYPES[typ]).itemsize)
             rows = np.frombuffer(data, DTYPES[typ], shape[0] * shape[1], pos).reshape(shape)
             pos += rows.nbytes
+            if typ == 30:  # bf16: the high half of a float32
+                rows = (rows.astype(np.uint32) << 16).view(np.float32)
             out[component, layer] = (rows.T if component == "v" and v_trans else rows).astype(np.float32)
     assert pos == len(data), "unexpected trailing state data"
     return np.array(positions), out

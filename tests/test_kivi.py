@@ -52,13 +52,19 @@ def kivi_reference(entered: np.ndarray, component: str, bits: int, group: int, r
     return out
 
 
+def bf16(x: np.ndarray) -> np.ndarray:
+    """Rounded to bfloat16 (the high 16 bits of a float32), nearest even, as float32."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
 class Watch:
     """Wraps a context's cache-resident step: before it, notes each new token's rows as they
     entered (from the cache); after it, checks every sequence of the decode against the reference."""
 
     def __init__(self, ctx, spec: str, target: Target = Target()):
         self.ctx, self.model, self.target = ctx, parse_error(spec), target
-        self.stored = np.float16 if ctx.cache.type_k == "f16" else np.float32
+        self.stored = {"f32": lambda x: x, "f16": lambda x: x.astype(np.float16).astype(np.float32), "bf16": bf16}[ctx.cache.type_k]
         self.entered: dict[int, dict[tuple[str, int], dict[int, np.ndarray]]] = {}
         self.checks = 0
         step = ctx.resident.after_decode
@@ -87,7 +93,7 @@ class Watch:
             expect = entered
             if self.target.wants(component, layer):
                 m = self.model
-                expect = kivi_reference(entered, component, m.bits, m.group, m.residual).astype(self.stored).astype(np.float32)
+                expect = self.stored(kivi_reference(entered, component, m.bits, m.group, m.residual))
             assert np.array_equal(rows[order], expect), (seq, component, layer, len(positions))
         self.checks += 1
 
@@ -103,7 +109,14 @@ def generate(model, spec: str, cache=F32, target=None, n_seq=1, n_batch=6, promp
 
 @pytest.mark.parametrize(
     "cache,bits",
-    [(F32, 2), (F32, 4), (CacheOptions("f32", "f32", "off"), 2), (CacheOptions("f16", "f16", "on"), 3), (CacheOptions("f16", "f16", "off"), 2)],
+    [
+        (F32, 2),
+        (F32, 4),
+        (CacheOptions("f32", "f32", "off"), 2),
+        (CacheOptions("f16", "f16", "on"), 3),
+        (CacheOptions("f16", "f16", "off"), 2),
+        (CacheOptions("bf16", "bf16", "on"), 2),
+    ],
     ids=lambda v: v.label if isinstance(v, CacheOptions) else f"{v}bit",
 )
 def test_the_cache_is_kivi_of_what_entered_after_every_decode(tiny, cache, bits):

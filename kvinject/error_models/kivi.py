@@ -80,15 +80,18 @@ class Kivi(CacheResident):
             "k": [(seq, n0 // r * r, n1 // r * r) for seq, n0, n1 in grown],
             "v": [(seq, max(n0 - r, 0), max(n1 - r, 0)) for seq, n0, n1 in grown],
         }
-        for site in cache.sites:
-            spans = [(seq, a, b) for seq, a, b in due[site[0]] if a < b]
-            if not spans:
+        for component in "kv":
+            sites = [site for site in cache.sites if site[0] == component]
+            spans = [(seq, a, b) for seq, a, b in due[component] if a < b]
+            if not sites or not spans:
                 continue
-            # Whole groups of G tokens per sequence for K (blocks of R), whole tokens for V.
-            cells = np.concatenate([cache.cells(seq, site[1], a, b) for seq, a, b in spans])
-            x = cache.read(site, cells)
-            if site[0] == "k":
-                after = quantize(x.reshape(-1, self.group, x.shape[1]), self.bits, 1)
+            # Every targeted layer at once; whole groups of G tokens per sequence for K (blocks of R).
+            layers = np.array([layer for _, layer in sites])
+            cells = np.concatenate([cache.cells(seq, layers, a, b) for seq, a, b in spans], axis=1)
+            x = cache.read(sites, cells)
+            n_sites, n_tokens, width = x.shape
+            if component == "k":
+                after = quantize(x.reshape(n_sites, n_tokens // self.group, self.group, width), self.bits, 2)
             else:
-                after = quantize(x.reshape(len(x), -1, self.group), self.bits, 2)
-            cache.write(site, cells, x, after.reshape(x.shape))
+                after = quantize(x.reshape(n_sites, n_tokens, width // self.group, self.group), self.bits, 3)
+            cache.write(sites, cells, x, after.reshape(x.shape))

@@ -12,13 +12,14 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from .bits import bits_per_element
-from .error_models import Draws, ErrorModel, NoError
+from .error_models import CacheResident, Draws, ErrorModel, NoError
 from .exceptions import InjectionError, ModelError, SpecError
 from .ggml import CACHE_TYPES
 from .hook import KVHook
 from .llama_log import captured_log
 from .options import CacheOptions
 from .realized import Realized
+from .resident import ResidentCache
 from .target import Target
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class Context:
         self.n_batch = min(n_batch, n_ctx)
         if n_seq > self.n_batch:
             raise ValueError(f"{n_seq} sequences need a batch of at least {n_seq} tokens, not {self.n_batch}")
+        if isinstance(self.error, CacheResident):
+            self.error.check(model, self.target, self.cache)
         self.hook = (
             KVHook(
                 self.error,
@@ -112,6 +115,7 @@ class Context:
             raise ModelError(f"llama.cpp could not create a context with {self.cache.label}, n_ctx={n_ctx}: {tail}")
         self.n_vocab = model.n_vocab
         self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq)
+        self.resident = ResidentCache(self.error, self.target, model.n_layer, ll.llama_n_ctx(self._ptr)) if isinstance(self.error, CacheResident) else None
         if self.hook is not None:
             self.hook.learn(lambda: self._llama_decode([(model.bos, 0, 0, False)]))
             self.clear()
@@ -132,6 +136,8 @@ class Context:
     def forget(self, seq: int) -> None:
         """Remove one sequence's cells from the cache."""
         ll.llama_memory_seq_rm(ll.llama_get_memory(self._ptr), seq, -1, -1)
+        if self.resident is not None:
+            self.resident.forget(seq)
 
     def close(self) -> None:
         if self._ptr:
@@ -147,7 +153,10 @@ class Context:
 
     @property
     def realized(self) -> Realized:
-        return self.hook.realized if self.hook is not None else Realized.empty()
+        realized = self.hook.realized if self.hook is not None else Realized.empty()
+        if self.resident is not None:
+            realized.merge(self.resident.realized)
+        return realized
 
     @property
     def bits_per_element(self) -> float:
@@ -165,6 +174,8 @@ class Context:
 
     def clear(self) -> None:
         ll.llama_memory_clear(ll.llama_get_memory(self._ptr), True)
+        if self.resident is not None:
+            self.resident.clear()
 
     def _llama_decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:
         batch = self._batch
@@ -190,7 +201,9 @@ class Context:
             self.hook.layout(self._segments(entries))
         self._llama_decode(entries)
         if self.hook is not None:
-            self.hook.finish_decode()
+            writes = self.hook.finish_decode()
+            if self.resident is not None:  # after the decode, as KIVI quantizes after each step's attention
+                self.resident.after_decode(entries, writes)
 
     def _segments(self, entries: Sequence[tuple[int, int, int, bool]]) -> list[tuple[Draws | None, int]]:
         segments: list[list] = []

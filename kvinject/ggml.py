@@ -1,7 +1,7 @@
 """ctypes access to the ggml library that llama-cpp-python ships (it binds none of it).
 
-Only what the hook and ``kvinject info`` need: a tensor's header, its data on host or
-device, and the list of compute devices.
+Only what the hook, cache-resident models and ``kvinject info`` need: a tensor's header, its
+data on host or device, and the list of compute devices.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from .exceptions import ModelError
 GGML_MAX_DIMS = 4
 GGML_MAX_NAME = 64
 GGML_TYPE_F32 = 0
+GGML_TYPE_I64 = 27
+GGML_OP_SET_ROWS = 42  # the op that writes K and V into the cache (checked in check_layout)
 
 # GGML type ids of the cache types llama.cpp accepts for K and V.
 CACHE_TYPES = {
@@ -76,6 +78,7 @@ def lib() -> ctypes.CDLL:
     _declare(base, "ggml_is_contiguous", ctypes.c_bool, vp)
     _declare(base, "ggml_get_name", ctypes.c_char_p, vp)
     _declare(base, "ggml_op_desc", ctypes.c_char_p, vp)
+    _declare(base, "ggml_op_name", ctypes.c_char_p, ctypes.c_int)
     _declare(base, "ggml_backend_buffer_is_host", ctypes.c_bool, vp)
     _declare(base, "ggml_backend_tensor_get", None, vp, vp, sz, sz)
     _declare(base, "ggml_backend_tensor_set", None, vp, vp, sz, sz)
@@ -108,7 +111,8 @@ def check_layout(ptr: int) -> None:
     t = tensor(ptr)
     nbytes = lib().ggml_nbytes(ptr)
     name = lib().ggml_get_name(ptr)
-    if name != t.name or (t.type == GGML_TYPE_F32 and lib().ggml_is_contiguous(ptr) and nbytes != 4 * numel(t)):
+    wrong_size = t.type == GGML_TYPE_F32 and lib().ggml_is_contiguous(ptr) and nbytes != 4 * numel(t)
+    if name != t.name or wrong_size or lib().ggml_op_name(GGML_OP_SET_ROWS) != b"SET_ROWS":
         raise ModelError(
             "this llama-cpp-python's ggml tensor layout is not the one kvinject supports "
             f"(llama-cpp-python {llama_cpp.__version__}); install llama-cpp-python==0.3.36"

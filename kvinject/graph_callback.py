@@ -11,7 +11,9 @@ The state is one int64 array of fixed slots, the header, which holds the address
 other tables: per-site rows (a site is the K or V of a layer: ``site = 2 * layer + is_v``),
 the claim groups, the noise segments of the decode and the realized-error sums.
 Multiplicative error models on host memory are applied here, with their realized-error sums;
-anything else (other models, device memory) is handed back to a Python function.
+anything else (other models, device memory) is handed back to a Python function. For
+cache-resident models it records instead where each decode writes K and V in the cache
+(:mod:`kvinject.cache_writes`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ MODE, RUN_SITE, RUN_LAST, COMPUTED, ERROR, ERROR_SITE, ERROR_VALUE = range(7)
 AT, ROWS, WIDTH, N_SEG, SEG_PTR, SEG_ROWS = range(7, 13)
 N_SITES, SITES, GROUPS, SUMS, LEARNED, N_LEARNED, LEARN_CAP = range(13, 20)
 PYTHON_APPLY, IS_HOST, IS_CONTIGUOUS, NATIVE, ROW_K, ROW_V, PREFIX_K, PREFIX_V = range(20, 28)
-HEADER = 28
+WRITES, WRITES_CAP, N_WRITES, INDEX_KEYS, INDEX_ROWS, INDEX_CAP, N_INDEX, TENSOR_GET = range(28, 36)
+HEADER = 36
 
 # Modes.
 RUN, LEARN = 0, 1
@@ -41,12 +44,14 @@ WANTED, N_RUNS, FINAL_OP, GROUP_START, GROUP_LEN, SEEN, PENDING, HITS = range(8)
 SITE_COLUMNS = 8
 
 # Error codes, turned into exceptions by the hook after the decode.
-MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW = 1, 2, 3, 4
+MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW, WRITES_OVERFLOW, BAD_INDEX = 1, 2, 3, 4, 5, 6
 
 # Realized-error sums per component, in RealizedStats' field order (written by _multiply).
 N_SUMS = len(fields(RealizedStats))
 
-_TYPE, _BUFFER, _NE, _OP, _DATA, _NAME = (getattr(ggml.GgmlTensor, f).offset for f in ("type", "buffer", "ne", "op", "data", "name"))
+_TYPE, _BUFFER, _NE, _OP, _SRC, _VIEW_SRC, _DATA, _NAME = (
+    getattr(ggml.GgmlTensor, f).offset for f in ("type", "buffer", "ne", "op", "src", "view_src", "data", "name")
+)
 
 
 def _pointer_to(element: types.Type):
@@ -75,17 +80,23 @@ def _ggml_test(typingctx, function, pointer):
     return types.uint8(types.int64, types.int64), codegen
 
 
+def _call_void(context, builder, signature, args):
+    """Call ``void f(int64, ...)`` through the address in ``args[0]``."""
+    fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] * (len(args) - 1))
+    builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
+    return context.get_dummy_value()
+
+
 @intrinsic
 def _python_apply(typingctx, function, tensor, site, at):
     """The hook's Python fallback ``(tensor, site, at)``, called through its ctypes address."""
+    return types.void(types.int64, types.int64, types.int64, types.int64), _call_void
 
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        fnty = ir.FunctionType(ir.VoidType(), [i64, i64, i64])
-        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
-        return context.get_dummy_value()
 
-    return types.void(types.int64, types.int64, types.int64, types.int64), codegen
+@intrinsic
+def _tensor_get(typingctx, function, tensor, data, offset, size):
+    """ggml_backend_tensor_get, host or device memory alike."""
+    return types.void(types.int64, types.int64, types.int64, types.int64, types.int64), _call_void
 
 
 @njit(cache=True)
@@ -237,6 +248,43 @@ def _multiply(x, row, at, width, seg_ptr, seg_rows, sums):
     sums[9] += noise
 
 
+@njit(cache=True)
+def _record(head, t):
+    """A cache write ``ggml_set_rows(cache, rows, index)``, a view of the cache tensor: note the
+    tensor and where its index went. An index of one cell per batch row is copied now, once per
+    decode: graph memory is reused after its last reader, so after the decode it may hold
+    anything. Transposed V's index (one per element) is not copied: its cells are K's."""
+    n = head[N_WRITES]
+    if n >= head[WRITES_CAP]:
+        _fail(head, WRITES_OVERFLOW, -1, n)
+        return
+    index = carray(_i64(t + _SRC), 2)[1]
+    ne = carray(_i64(index + _NE), 4)
+    slot = -1
+    if ne[0] * ne[1] * ne[2] * ne[3] == head[ROWS]:
+        if carray(_i32(index + _TYPE), 1)[0] != ggml.GGML_TYPE_I64:
+            _fail(head, BAD_INDEX, -1, n)
+            return
+        keys = carray(_i64(head[INDEX_KEYS]), head[INDEX_CAP])
+        for s in range(head[N_INDEX]):
+            if keys[s] == index:
+                slot = s
+        if slot < 0:
+            slot = head[N_INDEX]
+            if slot >= head[INDEX_CAP]:
+                _fail(head, WRITES_OVERFLOW, -1, n)
+                return
+            keys[slot] = index
+            head[N_INDEX] = slot + 1
+            nbytes = head[ROWS] * 8
+            _tensor_get(head[TENSOR_GET], index, head[INDEX_ROWS] + slot * nbytes, 0, nbytes)
+    writes = carray(_i64(head[WRITES]), (head[WRITES_CAP], 2))
+    view = carray(_i64(t + _VIEW_SRC), 1)[0]
+    writes[n, 0] = view if view != 0 else t
+    writes[n, 1] = slot
+    head[N_WRITES] = n + 1
+
+
 @cfunc(types.uint8(types.int64, types.uint8, types.int64), cache=True)
 def callback(t, ask, user_data):
     head = carray(_i64(user_data), HEADER)
@@ -251,6 +299,8 @@ def callback(t, ask, user_data):
             _fail(head, LEARN_OVERFLOW, -1, n)
         head[N_LEARNED] = n + 1
         return 0
+    if head[WRITES_CAP] > 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:
+        _record(head, t)
     return _ask(head, t)
 
 

@@ -21,7 +21,9 @@ the wrong value.
 The callback that follows the plan node by node is compiled (:mod:`kvinject.graph_callback`)
 and multiplies host-memory K/V by their noise itself; this module learns and plans, lays out
 each decode's noise, applies the other error models, and checks and accounts after each
-decode.
+decode. A cache-resident model (one that changes cells already in the cache, such as KIVI)
+claims nothing: the callback records where each decode wrote K and V
+(:mod:`kvinject.cache_writes`), and the context hands that to the model after the decode.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from llama_cpp import llama_cpp as ll
 
 from . import ggml
 from . import graph_callback as gc
-from .error_models import Draws, ErrorModel, Multiplicative
+from .cache_writes import CacheWrites, Writes
+from .error_models import CacheResident, Draws, ErrorModel, Multiplicative
 from .exceptions import InjectionError, ModelError
 from .realized import Realized, RealizedStats, Workspace
 from .target import Target
@@ -113,7 +116,9 @@ class KVHook:
         self._expected_rows = np.array(sorted(_site(c, il) for c, il in self._expected), np.int64)
         self._decodes = 0  # decodes that perturbed every targeted site once
         self._python_realized = Realized.empty()  # what the Python side changed
-        self._names = {self._node_name(c, il): (c, il) for c, il in self._expected}
+        # A cache-resident model changes nothing at entry: no node is claimed, cache writes are recorded.
+        entry = not isinstance(error, CacheResident)
+        self._names = {self._node_name(c, il): (c, il) for c, il in self._expected} if entry else {}
         self._width = sum(self.row[c] for c, _ in self._expected)  # values one token draws per decode
         self._noise: _DecodeNoise | None = None
         self.plan = Plan({}, {}, {})
@@ -124,7 +129,7 @@ class KVHook:
         # The compiled callback's state; ctypes and numpy must keep all of it alive as long
         # as the llama context holds the pointers.
         self._sites = np.zeros((2 * n_layer, gc.SITE_COLUMNS), np.int64)
-        for c, il in self._expected:
+        for c, il in self._names.values():
             self._sites[_site(c, il), gc.WANTED] = 1
         self._groups = np.zeros(2 * n_layer, np.int64)
         self._sums = np.zeros((2, gc.N_SUMS), np.float64)  # the compiled side's, this decode
@@ -145,6 +150,7 @@ class KVHook:
         head[gc.IS_HOST], head[gc.IS_CONTIGUOUS] = (
             ctypes.cast(fn, ctypes.c_void_p).value for fn in (ggml.lib().ggml_backend_buffer_is_host, ggml.lib().ggml_is_contiguous)
         )
+        self.writes = None if entry else CacheWrites(head, n_layer)
         self.callback = ll.ggml_backend_sched_eval_callback(gc.callback.address)
         self.user_data = ctypes.c_void_p(head.ctypes.data)
 
@@ -159,6 +165,8 @@ class KVHook:
         head = self._head
         head[gc.ROWS] = sum(rows for _, rows in segments)
         head[gc.AT] = 0
+        if self.writes is not None:
+            self.writes.layout(int(head[gc.ROWS]))
         if not self.error.random:
             head[gc.N_SEG] = 0
             return
@@ -262,11 +270,17 @@ class KVHook:
         realized.merge(self._python_realized)
         return realized
 
-    def finish_decode(self) -> None:
+    def finish_decode(self) -> Writes | None:
         """Call after each llama_decode: re-raises errors from the callback, checks that every
-        targeted K/V was reached once, and folds this decode into the statistics."""
+        targeted K/V was reached once, and folds this decode into the statistics. For a
+        cache-resident model, returns where the decode wrote K and V."""
         try:
             self._raise_errors()
+            if self.writes is not None:
+                writes = self.writes.read()
+                writes.check(self._expected)
+                self._decodes += 1
+                return writes
             hits = self._sites[self._expected_rows, gc.HITS]
             if (hits != 1).any():
                 missing = sorted(("kv"[s & 1], s // 2) for s, n in zip(self._expected_rows.tolist(), hits.tolist()) if n == 0)
@@ -280,6 +294,7 @@ class KVHook:
                 staged = self._staged[c]
                 if staged.sites:
                     stats.add(staged.before[: staged.n], staged.after[: staged.n], staged.sites, self._work)
+            return None
         finally:
             self._reset()
 
@@ -315,6 +330,10 @@ class KVHook:
             raise ModelError(f"'{name}' is not a contiguous f32 tensor; kvinject cannot perturb it")
         if code == gc.BAD_ROWS:
             raise InjectionError(f"the cache write '{name}' of {value} values does not split into the {head[gc.ROWS]} rows of this decode")
+        if code == gc.WRITES_OVERFLOW:
+            raise ModelError(f"this model's graph writes the KV cache more often than kvinject can record ({value} writes)")
+        if code == gc.BAD_INDEX:
+            raise ModelError("this model's graph indexes its KV cache writes with a type other than int64; kvinject cannot follow them")
         raise ModelError(f"this model's graph has more than {LEARN_CAPACITY} nodes; kvinject cannot learn it")
 
     def _reset(self) -> None:
@@ -325,6 +344,8 @@ class KVHook:
         self._noise = None
         for staged in self._staged.values():
             staged.clear()
+        if self.writes is not None:
+            self.writes.reset()
 
 
 def _site(component: str, layer: int) -> int:

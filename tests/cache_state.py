@@ -1,7 +1,7 @@
 """Read K and V back out of a llama context's cache, through llama.cpp's own state export.
 
-The tests use it to measure what actually reached the cache. It understands the state of an
-f32 cache with flash attention (V not transposed) of one sequence, which is all they need.
+The tests use it to measure what actually reached the cache. It understands the state of one
+sequence of an f32, f16 or bf16 cache, V transposed (flash attention off) or not.
 """
 
 from __future__ import annotations
@@ -13,11 +13,16 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 MAGIC = 0xAF143CD8
-GGML_TYPE_F32 = 0
+DTYPES = {0: np.float32, 1: np.float16, 30: np.uint16}  # ggml types an exact float32 copy can be read from (30: bf16)
 
 
 def read_cache(ctx, seq: int = 0) -> dict[tuple[str, int], np.ndarray]:
-    """{(component, layer): array of shape (cells, row)} for sequence ``seq``."""
+    """{(component, layer): float32 array of shape (cells, row)} for sequence ``seq``, cells in cache order."""
+    return read_cells(ctx, seq)[1]
+
+
+def read_cells(ctx, seq: int = 0) -> tuple[np.ndarray, dict[tuple[str, int], np.ndarray]]:
+    """The position of each of ``seq``'s cells, in cache order, and :func:`read_cache`'s arrays."""
     size = ll.llama_state_seq_get_size(ctx._ptr, seq)
     buf = (ctypes.c_uint8 * size)()
     assert ll.llama_state_seq_get_data(ctx._ptr, buf, size, seq) == size
@@ -33,18 +38,23 @@ def read_cache(ctx, seq: int = 0) -> dict[tuple[str, int], np.ndarray]:
     assert take("I") == MAGIC and take("i") == seq
     assert take("I") == 1, "one stream expected (kv_unified)"
     cells = take("I")
+    positions = []
     for _ in range(cells):
-        _pos, n_seq = take("iI")
+        cell_pos, n_seq = take("iI")
+        positions.append(cell_pos)
         take(f"{n_seq}i")
     v_trans, n_layer = take("II")
-    assert v_trans == 0, "V is transposed: use flash attention"
     out = {}
     for component in "kv":
         for layer in range(n_layer):
-            typ, row_bytes = take("iQ")
-            assert typ == GGML_TYPE_F32, "only an f32 cache can be read back exactly"
-            rows = np.frombuffer(data, np.float32, cells * row_bytes // 4, pos).reshape(cells, -1)
-            pos += cells * row_bytes
-            out[component, layer] = rows.copy()
+            transposed = component == "v" and v_trans  # one row per component: type, element size, components
+            typ, size = take("iI" if transposed else "iQ")  # element or row size
+            assert typ in DTYPES, "only an f32, f16 or bf16 cache can be read back exactly"
+            shape = (take("I"), cells) if transposed else (cells, size // np.dtype(DTYPES[typ]).itemsize)
+            rows = np.frombuffer(data, DTYPES[typ], shape[0] * shape[1], pos).reshape(shape)
+            pos += rows.nbytes
+            if typ == 30:  # bf16: the high half of a float32
+                rows = (rows.astype(np.uint32) << 16).view(np.float32)
+            out[component, layer] = (rows.T if component == "v" and v_trans else rows).astype(np.float32)
     assert pos == len(data), "unexpected trailing state data"
-    return out
+    return np.array(positions), out

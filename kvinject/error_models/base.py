@@ -10,12 +10,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import MISSING, fields
-from typing import Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 import numpy as np
 
 from ..exceptions import SpecError
 from ..values import parse_float, parse_int
+
+if TYPE_CHECKING:
+    from ..model import Model
+    from ..options import CacheOptions
+    from ..resident import ResidentCache
+    from ..target import Target
 
 REGISTRY: dict[str, type[ErrorModel]] = {}
 
@@ -130,6 +136,25 @@ class Multiplicative(ErrorModel):
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         x *= draws.take(x.size).reshape(x.shape)
+
+
+class CacheResident(ErrorModel):
+    """A model that changes cells already in the cache after each decode instead of values as
+    they enter it: what cannot be decided for one vector alone (KIVI quantizes K over groups of
+    tokens and keeps the most recent ones exact until they age out). The hook claims nothing for
+    it; the context calls :meth:`check` before it creates its llama context and
+    :meth:`after_decode` after every decode (kvinject/resident.py)."""
+
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        """Nothing happens at entry."""
+
+    def check(self, model: Model, target: Target, cache: CacheOptions) -> None:
+        """Refuse, in one line, a model or cache this transform cannot work on."""
+
+    @abstractmethod
+    def after_decode(self, cache: ResidentCache, grown: list[tuple[int, int, int]]) -> None:
+        """Change cells of ``cache``; ``grown`` holds ``(seq, tokens before, tokens after)`` for
+        each sequence the decode extended."""
 
 
 def parse_error(spec: str) -> ErrorModel:

@@ -3,20 +3,24 @@ equal memory."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .error_models import ErrorModel
 from .ggml import BITS_PER_VALUE
 from .options import CacheOptions
 from .target import Target
 
 
-def bits_per_element(error: ErrorModel, target: Target, cache: CacheOptions, n_layer: int, row_k: int, row_v: int) -> float:
+def bits_per_element(error: ErrorModel, target: Target, cache: CacheOptions, n_layer: int, row_k: int, row_v: int, lengths: Sequence[int] = ()) -> float:
     """The mean over every layer's K and V components: a targeted one at the error model's bits
     (a compressor stores no more than the cache type holds), the others at their cache type's.
-    Every layer counts as caching every token (sliding-window layers hold fewer cells)."""
+    ``lengths``: the tokens of the sequences the run held, for models whose bits depend on them
+    (KIVI's exact window). Every layer counts as caching every token (sliding-window layers hold
+    fewer cells)."""
     total = 0.0
     for component, row, cache_type in (("k", row_k, cache.type_k), ("v", row_v, cache.type_v)):
         stored = BITS_PER_VALUE[cache_type]
-        compressed = min(stored, error.bits_per_element(stored))
+        compressed = min(stored, error.bits_per_element(stored, component, lengths))
         targeted = sum(target.wants(component, il) for il in range(n_layer)) if error.injects else 0
         total += row * (targeted * compressed + (n_layer - targeted) * stored)
     return total / (n_layer * (row_k + row_v))

@@ -161,7 +161,8 @@ class Context:
     @property
     def bits_per_element(self) -> float:
         m = self.model
-        return bits_per_element(self.error, self.target, self.cache, m.n_layer, m.n_head_kv * m.head_dim_k, m.n_head_kv * m.head_dim_v)
+        lengths = self.resident.lengths if self.resident is not None else ()
+        return bits_per_element(self.error, self.target, self.cache, m.n_layer, m.n_head_kv * m.head_dim_k, m.n_head_kv * m.head_dim_v, lengths)
 
     @property
     def kv_cache_bytes(self) -> dict[str, float] | None:

@@ -46,6 +46,7 @@ class ResidentCache:
         self.realized = Realized.empty()
         self._n_layer = n_layer
         self._seqs: dict[int, _Tokens] = {}
+        self._finished: list[int] = []  # the tokens of each sequence forgotten so far
         self._owner = np.full((n_layer, n_cells), -1, np.int64)  # seq << 32 | token, per layer and cell
         self._tensors: dict[tuple[str, int], CacheTensor] = {}
         self._work = Workspace()
@@ -97,8 +98,16 @@ class ResidentCache:
         stats = self.realized.k if sites[0][0] == "k" else self.realized.v
         stats.add(before, to_float(stored, self._tensors[sites[0]].kind), len(sites), self._work)
 
+    @property
+    def lengths(self) -> list[int]:
+        """The tokens of every sequence this cache has held, those it holds now included."""
+        return self._finished + [tokens.n for tokens in self._seqs.values()]
+
     def forget(self, seq: int) -> None:
-        self._seqs.pop(seq, None)
+        tokens = self._seqs.pop(seq, None)
+        if tokens is not None and tokens.n:
+            self._finished.append(tokens.n)
 
     def clear(self) -> None:
-        self._seqs.clear()
+        for seq in list(self._seqs):
+            self.forget(seq)

@@ -49,3 +49,24 @@ def test_every_result_records_its_bits(tiny) -> None:
     assert control.metrics["bits"] == 16
     assert quant.metrics["bits"] == pytest.approx((16 + 4.5) / 2)
     assert quant.to_dict()["metrics"]["bits"] == quant.metrics["bits"]
+
+
+def test_kivi_counts_its_exact_window_in_the_share_the_run_held():
+    kivi = Configuration.parse("kivi:2,group=32,residual=128").error
+    assert kivi.bits_per_element(16, "k") == 2 + 32 / 32, "long sequences: BITS plus an fp16 scale and minimum per group"
+    # 300 tokens: K holds 256 quantized (whole blocks of 128), V 172 (all but the last 128).
+    assert kivi.bits_per_element(16, "k", [300]) == pytest.approx((256 * 3 + 44 * 16) / 300)
+    assert kivi.bits_per_element(16, "v", [300]) == pytest.approx((172 * 3 + 128 * 16) / 300)
+    assert kivi.bits_per_element(16, "v", [100]) == 16, "a sequence shorter than the window stays exact"
+
+
+def test_a_context_reports_kivi_bits_at_the_lengths_it_held(tiny):
+    model = Configuration.parse("kivi:2,group=4,residual=8").error
+    with tiny.context(error=model, n_ctx=64) as ctx:
+        ctx.prefill(list(range(1, 21)))
+        ctx.forget(0)
+        ctx.prefill(list(range(1, 14)))
+        quantized = 2 + 32 / 4  # an fp16 scale and minimum per group of 4
+        k = ((16 + 8) * quantized + (4 + 5) * 16) / 33  # K: 16 of 20 and 8 of 13 tokens quantized
+        v = ((12 + 5) * quantized + (8 + 8) * 16) / 33  # V: all but the last 8 of each
+        assert ctx.bits_per_element == pytest.approx((k + v) / 2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import MISSING, fields
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -98,10 +98,11 @@ class ErrorModel(ABC):
     def injects(self) -> bool:
         return True
 
-    def bits_per_element(self, stored: float) -> float:
-        """Bits per element a compressor producing this model's values would store, scales and
-        zero points included, when the cache stores ``stored`` bits per element: noise and faults
-        compress nothing."""
+    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = ()) -> float:
+        """Bits per element of K or V (``component``) a compressor producing this model's values
+        would store, scales and zero points included, when the cache stores ``stored`` bits per
+        element and holds sequences of ``lengths`` tokens (none known: long ones). Noise and
+        faults compress nothing."""
         return stored
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -19,7 +19,7 @@ so applying the rule after every llama_decode is KIVI's behaviour step for step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 
@@ -74,12 +74,23 @@ class Kivi(CacheResident):
         if "v" in target.components and model.head_dim_v % self.group:
             raise SpecError(f"'{self.name}': group {self.group} does not divide the head dimension {model.head_dim_v} that V is quantized along")
 
+    def quantized(self, component: str, n: int) -> int:
+        """How many of a sequence's first ``n`` tokens KIVI holds quantized: K in whole blocks of
+        R, V all but the last R."""
+        return n // self.residual * self.residual if component == "k" else max(n - self.residual, 0)
+
+    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = ()) -> float:
+        """BITS plus an fp16 scale and minimum per group of G (as KIVI stores them); the exact
+        window at the cache's bits, in the share it holds of ``lengths`` (none known: long sequences)."""
+        quantized = self.bits + 32 / self.group
+        total = sum(lengths)
+        if not total:
+            return quantized
+        q = sum(self.quantized(component, n) for n in lengths)
+        return (q * quantized + (total - q) * stored) / total
+
     def after_decode(self, cache: ResidentCache, grown: list[tuple[int, int, int]]) -> None:
-        r = self.residual
-        due = {
-            "k": [(seq, n0 // r * r, n1 // r * r) for seq, n0, n1 in grown],
-            "v": [(seq, max(n0 - r, 0), max(n1 - r, 0)) for seq, n0, n1 in grown],
-        }
+        due = {c: [(seq, self.quantized(c, n0), self.quantized(c, n1)) for seq, n0, n1 in grown] for c in "kv"}
         for component in "kv":
             sites = [site for site in cache.sites if site[0] == component]
             spans = [(seq, a, b) for seq, a, b in due[component] if a < b]

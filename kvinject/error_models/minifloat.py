@@ -13,7 +13,7 @@ scale is stored as an 8-bit exponent (E8M0).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -61,7 +61,7 @@ class Minifloat(ErrorModel):
     def element_bits(self) -> int:
         return self._info.bits
 
-    def bits_per_element(self, stored: float) -> float:
+    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = ()) -> float:
         return self.element_bits + (SCALE_BITS / self.block if self.block else 0)
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:

@@ -34,17 +34,25 @@ class Generation:
     text: str
     nonfinite_steps: int  # decoding steps whose logits held NaN or Inf
     first_logits: np.ndarray  # the logits after the prompt
+    logits: np.ndarray | None = None  # (steps, n_vocab): the logits of every pick, when asked for
 
 
 @dataclass
 class _Slot:
     seq: int
     index: int  # which prompt
-    prompt: Sequence[int]
-    fed: int = 0  # prompt tokens decoded so far
-    out: list[int] = field(default_factory=list)
+    prompt: Sequence[int]  # what is decoded before the first pick: the prompt and the prefix
+    fed: int = 0  # of those, tokens decoded so far
+    out: list[int] = field(default_factory=list)  # the prefix, then the generated tokens
+    prefix: int = 0
     first: np.ndarray | None = None
     nonfinite: int = 0
+    rows: list[np.ndarray] | None = None  # every pick's logits, kept when asked for
+
+    @property
+    def length(self) -> int:
+        """Tokens of the sequence: prompt, prefix and generated."""
+        return len(self.prompt) + len(self.out) - self.prefix
 
 
 def generate_all(
@@ -55,6 +63,8 @@ def generate_all(
     stop: Callable[[list[int]], bool] | None = None,
     items: Sequence[int] | None = None,
     ignore_eos: bool = False,
+    prefixes: Sequence[Sequence[int]] | None = None,
+    keep_logits: bool = False,
 ) -> Iterator[tuple[int, Generation]]:
     """Generate after every prompt, up to ``ctx.n_seq`` at a time; yield ``(index, generation)``
     as each finishes. ``items[i]`` seeds prompt ``i`` (see ``Context.begin_item``); without
@@ -62,7 +72,11 @@ def generate_all(
     generation ends at an end-of-generation token, ``stop(tokens)``, ``max_tokens`` or the
     sequence's share of the context. NaN/Inf logits never crash: they are counted.
     ``ignore_eos`` generates past end-of-generation tokens, as llama-batched-bench does: the
-    same amount of work whatever the model says, for speed measurements."""
+    same amount of work whatever the model says, for speed measurements.
+    ``prefixes[i]`` continues prompt ``i`` after tokens already generated: they are decoded
+    with the prompt, and the generation (its limits, ``stop`` and the result) starts with them.
+    ``keep_logits`` keeps the logits of every pick in ``Generation.logits``."""
+    prefixes = prefixes or [()] * len(prompts)
     for p in prompts:
         if not 0 < len(p) < ctx.n_ctx_seq:
             raise DataError(f"a prompt of {len(p)} tokens does not fit a context of {ctx.n_ctx_seq} tokens per sequence (raise --ctx)")
@@ -76,7 +90,8 @@ def generate_all(
                 ctx.begin_item(items[index], seq)
             else:
                 ctx.forget(seq)
-            active.append(_Slot(seq, index, prompts[index]))
+            prefix = list(prefixes[index])
+            active.append(_Slot(seq, index, [*prompts[index], *prefix], out=prefix, prefix=len(prefix), rows=[] if keep_logits else None))
         # A prompt piece is decoded alone, as when its item runs by itself; generated tokens of
         # all sequences share a decode (each row is computed independently of the others).
         slot = next((s for s in active if s.fed < len(s.prompt)), None)
@@ -89,18 +104,21 @@ def generate_all(
                 entries[-1] = (*entries[-1][:3], True)
                 asks = [(slot, len(entries) - 1)]
         else:
-            entries = [(s.out[-1], len(s.prompt) + len(s.out) - 1, s.seq, True) for s in active]
+            entries = [(s.out[-1], s.length - 1, s.seq, True) for s in active]
             asks = [(s, i) for i, s in enumerate(active)]
         ctx.decode(entries)
         for slot, i in asks:
             if _step(ctx, slot, ctx.logits(i), max_tokens, temperature, stop, ignore_eos):
                 active.remove(slot)
                 free.append(slot.seq)
-                yield slot.index, Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, slot.first)
+                rows = np.array(slot.rows) if slot.rows is not None else None
+                yield slot.index, Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, slot.first, rows)
 
 
 def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop, ignore_eos: bool) -> bool:
     """Pick the slot's next token from ``logits``; True when its generation is finished."""
+    if slot.rows is not None:
+        slot.rows.append(logits.copy())
     if slot.first is None:
         slot.first = logits.copy()
         if max_tokens <= 0:
@@ -112,4 +130,4 @@ def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temper
     if ctx.model.is_eog(token) and not ignore_eos:
         return True
     slot.out.append(token)
-    return (stop is not None and stop(slot.out)) or len(slot.prompt) + len(slot.out) >= ctx.n_ctx_seq or len(slot.out) >= max_tokens
+    return (stop is not None and stop(slot.out)) or slot.length >= ctx.n_ctx_seq or len(slot.out) >= max_tokens

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from .batching import generate_all
 from .config import Configuration
-from .exceptions import DataError
+from .exceptions import DataError, SpecError
 from .model import Model
 from .realized import Realized
+from .recompute import generate_cache_free, pass_context
 
 
 @dataclass
@@ -45,9 +47,15 @@ def generate(
     tokens = model.tokenize(text, add_special=True, parse_special=chat)
     if len(tokens) + max_tokens > n_ctx:
         raise DataError(f"the prompt ({len(tokens)} tokens) and {max_tokens} generated tokens do not fit --ctx {n_ctx}: raise --ctx or lower --max-tokens")
+    if temperature > 0 and any(c.error.cache_free for c in configs):
+        raise SpecError("recompute generates greedily: use temperature 0 with it")
     out = []
     for config in configs:
-        with model.context(config.cache, config.error, config.target, seed=seed, n_ctx=n_ctx) as ctx:
-            ((_, gen),) = generate_all(ctx, [tokens], max_tokens, temperature)
+        with ExitStack() as stack:
+            ctx = stack.enter_context(model.context(config.cache, config.error, config.target, seed=seed, n_ctx=n_ctx))
+            if config.error.cache_free:
+                ((_, gen),) = generate_cache_free(ctx, stack.enter_context(pass_context(model, config.cache, n_ctx)), [tokens], max_tokens)
+            else:
+                ((_, gen),) = generate_all(ctx, [tokens], max_tokens, temperature)
             out.append(Completion(config, gen.text, gen.tokens, ctx.realized, gen.nonfinite_steps))
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -12,9 +13,13 @@ import numpy as np
 from ..batching import Generation, generate_all
 from ..config import Configuration
 from ..context import Context
-from ..exceptions import DataError
+from ..drift import METRICS as DRIFT
+from ..drift import compare
+from ..drift import summarize as summarize_drift
+from ..exceptions import DataError, SpecError
 from ..model import Model
 from ..realized import Realized
+from ..recompute import generate_cache_free, one_pass, pass_context
 from ..speed import Speed
 from .options import Options
 
@@ -135,9 +140,17 @@ class Benchmark(ABC):
 class GenerationBenchmark(Benchmark):
     """A benchmark that generates after each item's prompt (continuous batching, per-item
     noise streams) and scores each generation; divergence from the control's tokens comes
-    with every other configuration."""
+    with every other configuration, and against a cache-free control (``recompute``) the
+    token flips and logit drift of every configuration (kvinject/drift.py)."""
 
     keep_texts: ClassVar[bool] = False  # record the generated texts with the results
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        # Every generation bench has the drift metrics; tables show them where they were measured.
+        cls.higher_is_better = {**getattr(cls, "higher_is_better", {}), **DRIFT}
+        cls.secondary = (*cls.secondary, *(m for m in ("flip_rate", "kld") if m not in cls.secondary))
+        cls.binary = cls.binary | {"flipped"}
 
     def __init__(self, options: Options | None = None, /, **values: object):
         super().__init__(options, **values)
@@ -171,35 +184,66 @@ class GenerationBenchmark(Benchmark):
     def nonfinite(self, generation: Generation) -> bool:
         return generation.nonfinite_steps > 0
 
+    def plan(self, configs: list[Configuration], runs: int) -> Plan:
+        if self.temperature > 0 and any(c.error.cache_free for c in configs):
+            raise SpecError(f"recompute generates greedily: {self.name} needs --temperature 0 with it")
+        return super().plan(configs, runs)
+
     def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress) -> Iterator[RunResult]:
         prompts = self.prompts(model)
+        reference = plan[0][0] if plan[0][0].error.cache_free else None
         control: list[list[int]] | None = None
         for config, runs in plan:
             for run in runs:
-                result = self._run(model, config, run, seed, prompts, control, progress)
+                result = self._run(model, config, run, seed, prompts, control, reference, progress)
                 if control is None:
                     control = result.outputs
                 yield result
 
     def _run(
-        self, model: Model, config: Configuration, run: int, seed: int, prompts: list[list[int]], control: list[list[int]] | None, progress: Progress
+        self,
+        model: Model,
+        config: Configuration,
+        run: int,
+        seed: int,
+        prompts: list[list[int]],
+        control: list[list[int]] | None,
+        reference: Configuration | None,
+        progress: Progress,
     ) -> RunResult:
+        """One run; with a cache-free ``reference`` (the control), each item's logits are
+        compared with those of one pass over its tokens with the reference's cache (the
+        control's own logits are that pass: it drifts by 0)."""
         start = time.perf_counter()
         n = len(prompts)
         scores: list[Any] = [None] * n
         outputs: list[list[int]] = [[] for _ in range(n)]
         texts = [""] * n
+        drift: list[dict[str, float]] = [{}] * n
         nonfinite = tokens = 0
         max_tokens, per_seq = self.limits(prompts)
-        with generation_context(model, config, seed, run, per_seq, self.sequences(model, per_seq)) as ctx:
-            for i, gen in generate_all(ctx, prompts, max_tokens, self.temperature, stop=self.stop(model), items=range(n)):
+        with ExitStack() as stack:
+            ctx = stack.enter_context(generation_context(model, config, seed, run, per_seq, self.sequences(model, per_seq)))
+            if config.error.cache_free:
+                verify = stack.enter_context(pass_context(model, config.cache, per_seq))
+                generations = generate_cache_free(ctx, verify, prompts, max_tokens, self.stop(model), items=range(n))
+            else:
+                generations = generate_all(ctx, prompts, max_tokens, self.temperature, stop=self.stop(model), items=range(n), keep_logits=reference is not None)
+            judge = stack.enter_context(pass_context(model, reference.cache, per_seq)) if reference is not None and control is not None else None
+            for i, gen in generations:
                 scores[i] = self.score(i, gen)
                 outputs[i], texts[i] = gen.tokens, gen.text
                 nonfinite += self.nonfinite(gen)
                 tokens += len(prompts[i]) + len(gen.tokens)
+                if reference is not None:
+                    drift[i] = compare(gen.logits, one_pass(judge, prompts[i], gen.tokens)[: len(gen.logits)] if judge else gen.logits)
                 progress(1)
             realized, bits = ctx.realized, ctx.bits_per_element
         metrics, items = self.summarize(scores)
+        extra = divergence(control, outputs) if control is not None else {}
+        if reference is not None:
+            drift_metrics, drift_items = summarize_drift(drift)
+            extra, items = {**extra, **drift_metrics}, {**items, **drift_items}
         metrics["bits"] = bits
         return RunResult(
             self.name,
@@ -211,7 +255,7 @@ class GenerationBenchmark(Benchmark):
             nonfinite,
             time.perf_counter() - start,
             tokens,
-            divergence(control, outputs) if control is not None else {},
+            extra,
             outputs,
             texts if self.keep_texts else None,
         )

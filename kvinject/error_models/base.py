@@ -105,6 +105,11 @@ class ErrorModel(ABC):
         faults compress nothing."""
         return stored
 
+    @property
+    def cache_free(self) -> bool:
+        """Generate without reusing cached K/V (kvinject/recompute.py)."""
+        return False
+
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         raise NotImplementedError(f"{self.name} draws no random values")
 

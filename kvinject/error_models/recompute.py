@@ -1,0 +1,33 @@
+"""The cache-free reference: no error, and no token's logits from K/V cached by earlier decodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .base import Draws, ErrorModel, register
+
+
+@register
+@dataclass(frozen=True)
+class Recompute(ErrorModel):
+    name: ClassVar[str] = "recompute"
+    syntax: ClassVar[str] = "recompute"
+    summary: ClassVar[str] = (
+        "No error; greedy generation in which every token's logits come from one batched pass over its prefix, not from cached K/V "
+        "(the cache-free reference; as the control, it measures every configuration's token flips and logit drift: docs/recompute.md)."
+    )
+    example: ClassVar[str] = "recompute@f32"
+
+    @property
+    def injects(self) -> bool:
+        return False
+
+    @property
+    def cache_free(self) -> bool:
+        return True
+
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        pass

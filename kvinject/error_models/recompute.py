@@ -19,7 +19,7 @@ class Recompute(ErrorModel):
         "No error; greedy generation in which every token's logits come from one batched pass over its prefix, not from cached K/V "
         "(the cache-free reference; as the control, it measures every configuration's token flips and logit drift: docs/recompute.md)."
     )
-    example: ClassVar[str] = "recompute@f32"
+    example: ClassVar[str] = "recompute"
 
     @property
     def injects(self) -> bool:

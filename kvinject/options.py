@@ -64,8 +64,15 @@ class CacheOptions:
 
     @property
     def flash_attn_type(self) -> int:
-        # llama.cpp cannot store a quantized V without flash attention, so 'auto' must not pick off.
-        return FLASH_ATTN["on"] if self.v_quantized and self.flash_attn == "auto" else FLASH_ATTN[self.flash_attn]
+        if self.flash_attn == "auto":
+            # llama.cpp cannot store a quantized V without flash attention, so 'auto' must not pick
+            # off; and its flash attention casts an f32 K or V to f16 (build_attn_mha), so an f32
+            # cache under it computes as an f16 one: 'auto' keeps f32 exact.
+            if self.v_quantized:
+                return FLASH_ATTN["on"]
+            if "f32" in (self.type_k, self.type_v):
+                return FLASH_ATTN["off"]
+        return FLASH_ATTN[self.flash_attn]
 
     @property
     def label(self) -> str:

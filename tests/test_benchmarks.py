@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from kvinject.benchmarks import IFEval, NextToken, Perplexity
+from kvinject.benchmarks import IFEval, NextToken, Perplexity, make_bench
 from kvinject.benchmarks.base import divergence
 from kvinject.benchmarks.ifeval.bench import load_items
 from kvinject.benchmarks.nexttoken import log_softmax, make_snippets
@@ -129,3 +129,19 @@ def test_extreme_error_is_counted_not_fatal(tiny):
     flipped = [r for r in results if r.config is nan_error]
     assert all(r.nonfinite_items > 0 for r in flipped)
     assert all(r.realized.k.nonfinite > 0 for r in flipped)
+
+
+def test_perplexity_in_batches_of_contexts_gives_the_same_results(tiny, monkeypatch):
+    """Jobs run a batch of contexts at a time, each batch with the control recomputed: the same
+    figures as all at once, the control reported once."""
+    import kvinject.benchmarks.perplexity as perplexity_module
+    from kvinject.runner import run
+
+    configs = [Configuration(), *(Configuration.parse(s) for s in ("normal:0,0.5", "quant:4", "signflip:0.05"))]
+    bench = make_bench("perplexity", {"ctx": 64, "chunks": 3})
+    together = [r.to_dict() for r in run(tiny, [bench], configs, runs=1)]
+    monkeypatch.setattr(perplexity_module, "MAX_BATCH", 2)
+    batched = [r.to_dict() for r in run(tiny, [bench], configs, runs=1)]
+    for record in together + batched:
+        record.pop("seconds")
+    assert batched == together

@@ -55,6 +55,11 @@ class PerplexityOptions(Options):
     ctx: int = option(512, "Chunk size in tokens, as llama-perplexity's --ctx-size.", minimum=8)
 
 
+# Contexts computed side by side: at most MAX_BATCH, and as many as CONTEXT_MEMORY holds.
+MAX_BATCH = 16
+CONTEXT_MEMORY = 2 << 30
+
+
 class Perplexity(Benchmark):
     name = "perplexity"
     summary = "Perplexity as llama-perplexity computes it, plus KL divergence, same-top-p and RMS Δp against the control."
@@ -107,12 +112,26 @@ class Perplexity(Benchmark):
         return tokens
 
     def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress) -> Iterator[RunResult]:
+        """Every job chunk by chunk against the control's probabilities, a batch of jobs at a
+        time: each context holds the logits of a whole decode (100 MB for 512 tokens of a 49K
+        vocabulary), so a profile's 60 jobs at once took 7.7 GB. Each batch recomputes the
+        control's probabilities, bit-identical, and its results are yielded when it ends."""
         tokens = self._tokens if self._tokens is not None else self.tokens(model)
+        n_seq = min(model.chunks_per_decode(self.n_ctx), len(self))
+        jobs = [(config, run) for config, runs in plan for run in runs]
+        per_context = 2 * n_seq * self.n_ctx * model.n_vocab * 4  # the logits, and as much again for the rest
+        size = max(2, min(MAX_BATCH, CONTEXT_MEMORY // per_context))
+        rest = jobs[1:]
+        for i in range(0, max(len(rest), 1), size - 1):
+            yield from self._evaluate_batch(model, tokens, n_seq, [jobs[0], *rest[i : i + size - 1]], seed, progress, with_control=i == 0)
+
+    def _evaluate_batch(
+        self, model: Model, tokens: list[int], n_seq: int, jobs: list[tuple[Configuration, int]], seed: int, progress: Progress, with_control: bool
+    ) -> Iterator[RunResult]:
+        """The jobs, the control first; the control's result only ``with_control``."""
         n_ctx, first = self.n_ctx, self.n_ctx // 2
         scored = n_ctx - first  # outputs per chunk; the last predicts past the chunk
         add_bos = ll.llama_vocab_get_add_bos(model.vocab)
-        n_seq = min(model.chunks_per_decode(n_ctx), len(self))
-        jobs = [(config, run) for config, runs in plan for run in runs]
         tallies = [_Tally() for _ in jobs]
         scratch = _Scratch(scored - 1, model.n_vocab)
         bases = [_Base(scored - 1, model.n_vocab) for _ in range(n_seq)] if len(jobs) > 1 else []
@@ -140,12 +159,14 @@ class Perplexity(Benchmark):
                         else:
                             _score(tally, rows, targets[s], scratch, bases[s], None)
                     tally.seconds += time.perf_counter() - start
-                    progress(len(pieces))
+                    if job or with_control:
+                        progress(len(pieces))
         finally:
             for ctx in contexts:
                 ctx.close()
-        for (config, run), tally, ctx in zip(jobs, tallies, contexts):
-            yield self._result(config, run, tally, ctx)
+        for job, ((config, run), tally, ctx) in enumerate(zip(jobs, tallies, contexts)):
+            if job or with_control:
+                yield self._result(config, run, tally, ctx)
 
     def _result(self, config: Configuration, run: int, tally: _Tally, ctx) -> RunResult:
         n = tally.count

@@ -165,11 +165,14 @@ def test_bad_data_names_the_file_and_line(tmp_path):
 def test_runs_under_the_control_and_an_error_on_the_tiny_model(tiny):
     bench = GSM8K(limit=2, shots=1, max_tokens=12)
     control, noisy = run(tiny, [bench], [Configuration(), Configuration.parse("normal:0,0.5")], runs=1, seed=1)
+    scores = {"exact_match_flexible", "exact_match_strict"}
     for result in (control, noisy):
-        assert set(result.metrics) == set(result.items) == {"exact_match_flexible", "exact_match_strict"}
+        assert set(result.metrics) == scores | {"bits"}
         assert all(len(v) == 2 and set(v) <= {0.0, 1.0} for v in result.items.values())
         assert len(result.texts) == 2 and "responses" in result.to_dict()
-    assert control.extra == {} and set(noisy.extra) == {"diverged", "first_diff"}
+    outcomes = {"masked", "benign", "sdc", "due"}
+    assert set(control.items) == scores and set(noisy.items) == scores | outcomes
+    assert control.extra == {} and set(noisy.extra) == {"diverged", "first_diff"} | outcomes
     assert 0 <= noisy.extra["diverged"] <= 1 and noisy.realized.k.values > 0
 
 

@@ -18,6 +18,8 @@ from ..drift import compare
 from ..drift import summarize as summarize_drift
 from ..exceptions import DataError, SpecError
 from ..model import Model
+from ..outcomes import METRICS as OUTCOMES
+from ..outcomes import classify
 from ..realized import Realized
 from ..recompute import generate_cache_free, one_pass, pass_context
 from ..speed import Speed
@@ -148,9 +150,9 @@ class GenerationBenchmark(Benchmark):
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         # Every generation bench has the drift metrics; tables show them where they were measured.
-        cls.higher_is_better = {**getattr(cls, "higher_is_better", {}), **DRIFT}
-        cls.secondary = (*cls.secondary, *(m for m in ("flip_rate", "kld") if m not in cls.secondary))
-        cls.binary = cls.binary | {"flipped"}
+        cls.higher_is_better = {**getattr(cls, "higher_is_better", {}), **DRIFT, **OUTCOMES}
+        cls.secondary = (*cls.secondary, *(m for m in ("flip_rate", "kld", "sdc") if m not in cls.secondary))
+        cls.binary = cls.binary | {"flipped", *OUTCOMES}
 
     def __init__(self, options: Options | None = None, /, **values: object):
         super().__init__(options, **values)
@@ -192,12 +194,23 @@ class GenerationBenchmark(Benchmark):
     def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress) -> Iterator[RunResult]:
         prompts = self.prompts(model)
         reference = plan[0][0] if plan[0][0].error.cache_free else None
-        control: list[list[int]] | None = None
+        control: RunResult | None = None
         for config, runs in plan:
             for run in runs:
-                result = self._run(model, config, run, seed, prompts, control, reference, progress)
+                result = self._run(model, config, run, seed, prompts, control.outputs if control else None, reference, progress)
                 if control is None:
-                    control = result.outputs
+                    control = result
+                else:  # each item against the golden run, as fault campaigns classify them
+                    items = classify(
+                        control.outputs,
+                        control.items[self.primary],
+                        result.outputs,
+                        result.items[self.primary],
+                        result.items.pop("due"),
+                        self.higher_is_better[self.primary],
+                    )
+                    result.items |= items
+                    result.extra |= {name: float(np.mean(values)) for name, values in items.items()}
                 yield result
 
     def _run(
@@ -220,7 +233,8 @@ class GenerationBenchmark(Benchmark):
         outputs: list[list[int]] = [[] for _ in range(n)]
         texts = [""] * n
         drift: list[dict[str, float]] = [{}] * n
-        nonfinite = tokens = 0
+        due = [False] * n
+        tokens = 0
         max_tokens, per_seq = self.limits(prompts)
         with ExitStack() as stack:
             ctx = stack.enter_context(generation_context(model, config, seed, run, per_seq, self.sequences(model, per_seq)))
@@ -233,13 +247,15 @@ class GenerationBenchmark(Benchmark):
             for i, gen in generations:
                 scores[i] = self.score(i, gen)
                 outputs[i], texts[i] = gen.tokens, gen.text
-                nonfinite += self.nonfinite(gen)
+                due[i] = self.nonfinite(gen)
                 tokens += len(prompts[i]) + len(gen.tokens)
                 if reference is not None:
                     drift[i] = compare(gen.logits, one_pass(judge, prompts[i], gen.tokens)[: len(gen.logits)] if judge else gen.logits)
                 progress(1)
             realized, bits = ctx.realized, ctx.bits_per_element
         metrics, items = self.summarize(scores)
+        if control is not None:
+            items["due"] = due  # taken by evaluate, which classifies each item against the control
         extra = divergence(control, outputs) if control is not None else {}
         if reference is not None:
             drift_metrics, drift_items = summarize_drift(drift)
@@ -252,7 +268,7 @@ class GenerationBenchmark(Benchmark):
             metrics,
             items,
             realized,
-            nonfinite,
+            sum(due),
             time.perf_counter() - start,
             tokens,
             extra,

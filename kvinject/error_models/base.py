@@ -90,8 +90,13 @@ class ErrorModel(ABC):
     @property
     def spec(self) -> str:
         """The canonical spec string, parseable back into an equal model."""
-        # Fields with a default (options such as group=, field=) are written as key=value.
-        values = ",".join(_fmt(getattr(self, f.name)) if f.default is MISSING else f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self))
+        # Fields with a default (options such as group=, field=) are written as key=value; an
+        # option whose default is None only when given, so that adding one changes no spec.
+        values = ",".join(
+            _fmt(getattr(self, f.name)) if f.default is MISSING else f"{f.name}={_fmt(getattr(self, f.name))}"
+            for f in fields(self)
+            if not (f.default is None and getattr(self, f.name) is None)
+        )
         return f"{self.name}:{values}" if values else self.name
 
     @property
@@ -129,7 +134,8 @@ def _fmt(value: object) -> str:
 
 
 def _convert(model: str, field: str, typ: object, text: str) -> object:
-    typ = {"float": float, "int": int, "str": str}.get(typ, typ) if isinstance(typ, str) else typ
+    if isinstance(typ, str):  # annotations are strings here; "int | None" is an optional int
+        typ = {"float": float, "int": int, "str": str}.get(typ.removesuffix(" | None"), typ)
     if typ is int:
         return parse_int(f"'{model}': {field}", text)
     if typ is float:

@@ -1,0 +1,43 @@
+"""Fault-campaign outcomes: each item of a run classified against the golden (control) run, as
+fault-injection studies report them (PyTorchFI, TensorFI and LLM fault studies).
+
+- ``due``: detected or unrecoverable, the item's logits held NaN or Inf at some step;
+- ``masked``: the output is token for token the control's;
+- ``sdc``: silent data corruption, another output with a worse score on the bench's headline;
+- ``benign``: another output, no worse a score.
+
+Each is a per-item 0/1 value, so its rate comes with the bootstrap interval over items and the
+paired test against the control as any binary metric does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+# name -> higher is better
+METRICS = {"masked": True, "benign": False, "sdc": False, "due": False}
+
+
+def classify(
+    control_tokens: Sequence[Sequence[int]],
+    control_scores: Sequence[float],
+    tokens: Sequence[Sequence[int]],
+    scores: Sequence[float],
+    due: Sequence[bool],
+    higher_is_better: bool,
+) -> dict[str, list[float]]:
+    """Per outcome, one 0/1 value per item."""
+    out: dict[str, list[float]] = {name: [] for name in METRICS}
+    for golden, golden_score, own, score, bad in zip(control_tokens, control_scores, tokens, scores, due, strict=True):
+        if bad:
+            outcome = "due"
+        elif list(own) == list(golden):
+            outcome = "masked"
+        elif math.isnan(score) or (score < golden_score if higher_is_better else score > golden_score):
+            outcome = "sdc"
+        else:
+            outcome = "benign"
+        for name in METRICS:
+            out[name].append(float(name == outcome))
+    return out

@@ -87,7 +87,7 @@ def generate_all(
         while queue and free:
             index, seq = queue.popleft(), free.pop()
             if items is not None:
-                ctx.begin_item(items[index], seq)
+                ctx.begin_item(items[index], seq, len(prompts[index]))
             else:
                 ctx.forget(seq)
             prefix = list(prefixes[index])

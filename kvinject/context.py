@@ -120,18 +120,19 @@ class Context:
             self.hook.learn(lambda: self._llama_decode([(model.bos, 0, 0, False)]))
             self.clear()
 
-    def _seed(self, seq: int, key: list[int]) -> None:
+    def _seed(self, seq: int, key: list[int], tokens: int | None = None) -> None:
         if self.hook is not None:
-            self._noise[seq] = self.hook.stream(np.random.default_rng(key))
+            self._noise[seq] = self.hook.stream(np.random.default_rng(key), tokens)
         self._sampling[seq] = np.random.default_rng([*key, 1])
 
-    def begin_item(self, item: int, seq: int = 0) -> None:
+    def begin_item(self, item: int, seq: int = 0, tokens: int | None = None) -> None:
         """Start benchmark item ``item`` on sequence ``seq``: an empty cache for it, and noise
-        and sampling seeded from (seed, run, item) whichever sequence and batch it runs in."""
+        and sampling seeded from (seed, run, item) whichever sequence and batch it runs in.
+        ``tokens``: the item's prompt length, for error models that place faults in it."""
         if seq >= self.n_seq:
             raise ValueError(f"sequence {seq} out of range: the context has {self.n_seq}")
         self.forget(seq)
-        self._seed(seq, [self.seed, self.run, item])
+        self._seed(seq, [self.seed, self.run, item], tokens)
 
     def forget(self, seq: int) -> None:
         """Remove one sequence's cells from the cache."""

@@ -154,9 +154,10 @@ class KVHook:
         self.callback = ll.ggml_backend_sched_eval_callback(gc.callback.address)
         self.user_data = ctypes.c_void_p(head.ctypes.data)
 
-    def stream(self, rng: np.random.Generator) -> Draws | None:
-        """A noise stream for one benchmark item (None for error models without randomness)."""
-        return Draws(self.error.draw, rng) if self.error.random else None
+    def stream(self, rng: np.random.Generator, tokens: int | None = None) -> Draws | None:
+        """A noise stream for one benchmark item of ``tokens`` prompt tokens, if known (None for
+        error models without randomness)."""
+        return self.error.stream(rng, tokens * self._width if tokens is not None else None)
 
     def layout(self, segments: list[tuple[Draws | None, int]]) -> None:
         """Announce the next decode: runs of consecutive batch rows, each with the noise stream

@@ -7,7 +7,7 @@ from kvinject.exceptions import SpecError
 
 def perturb(spec: str, x: np.ndarray, seed: int = 0) -> np.ndarray:
     model = parse_error(spec)
-    draws = Draws(model.draw, np.random.default_rng(seed)) if model.random else None
+    draws = model.stream(np.random.default_rng(seed), x.size)  # an item whose prompt wrote all of x
     y = x.copy()
     model.apply(y, draws)
     return y

@@ -33,6 +33,7 @@ def run(model, spec="none", cache=F32, target=None, seed=0, steps=3):
     """Prefill PROMPT and decode a few greedy tokens; return every logit vector and the context."""
     ctx = model.context(cache, parse_error(spec), target, seed=seed)
     tokens = model.tokenize(PROMPT)
+    ctx.begin_item(0, 0, len(tokens))
     ctx.prefill(tokens)
     logits = [ctx.logits(-1).copy()]
     for i in range(steps):

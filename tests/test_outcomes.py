@@ -3,11 +3,17 @@
 import numpy as np
 import pytest
 
+from kvinject.batching import generate_all
 from kvinject.benchmarks import make_bench
 from kvinject.config import Configuration
 from kvinject.error_models import Draws, parse_error
+from kvinject.exceptions import InjectionError
+from kvinject.options import CacheOptions
 from kvinject.outcomes import classify
 from kvinject.runner import run
+from kvinject.target import Target
+
+from .cache_state import read_cells
 
 
 def test_each_item_gets_the_outcome_its_definition_says():
@@ -47,3 +53,32 @@ def test_bitflip_at_one_bit_flips_only_that_bit(bit):
     assert model.spec == f"bitflip:0.1,field=any,bit={bit}" and parse_error("bitflip:0.1").spec == "bitflip:0.1,field=any", (
         "specs without bit= stay as they were"
     )
+
+
+def test_faults_flip_exactly_k_values_of_each_prompt_and_nothing_else(tiny):
+    """An f16 cache holds what the hook wrote exactly: in the last layer (whose K/V no other
+    cached value depends on), each item's prompt rows differ from the control's in exactly K
+    values, each by the chosen bit; the first layer is untouched."""
+    cache = CacheOptions("f16", "f16", "on")
+    prompts = [tiny.tokenize("The quick brown fox jumps over the lazy dog."), tiny.tokenize("One two three four five six seven eight nine ten eleven.")]
+    caches = {}
+    for spec in ("none", "faults:3,bit=14"):
+        with tiny.context(cache, parse_error(spec), Target.parse("kv", "1"), seed=5, n_ctx=128) as ctx:
+            caches[spec] = [read_cells(ctx) for _ in generate_all(ctx, prompts, 4, items=[0, 1])]
+    for i, prompt in enumerate(prompts):
+        (clean_pos, clean), (faulty_pos, faulty) = caches["none"][i], caches["faults:3,bit=14"][i]
+        rows = {name: np.argsort(pos)[: len(prompt)] for name, pos in (("clean", clean_pos), ("faulty", faulty_pos))}
+
+        def bits(c, layer):
+            a, b = clean[c, layer][rows["clean"]], faulty[c, layer][rows["faulty"]]
+            return a.astype(np.float16).view(np.uint16) ^ b.astype(np.float16).view(np.uint16)
+
+        assert not any(bits(c, 0).any() for c in "kv"), "the first layer is untouched"
+        flips = np.concatenate([bits(c, 1).ravel() for c in "kv"])
+        # A flip that makes a NaN is stored quieted: fp16's quiet bit (9) set by the conversions.
+        assert np.count_nonzero(flips) == 3 and set(flips[flips != 0].tolist()) <= {1 << 14, 1 << 14 | 1 << 9}
+
+
+def test_faults_need_an_item_s_prompt(tiny):
+    with tiny.context(error=parse_error("faults:1")) as ctx, pytest.raises(InjectionError, match="run it through a benchmark"):
+        ctx.prefill(tiny.tokenize("Hello there"))

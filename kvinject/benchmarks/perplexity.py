@@ -149,7 +149,7 @@ class Perplexity(Benchmark):
                     start = time.perf_counter()
                     ctx.clear()
                     for s, chunk in enumerate(chunks):
-                        ctx.begin_item(chunk, s)
+                        ctx.begin_item(chunk, s, len(pieces[s]))
                     ctx.decode(entries)
                     logits = ctx.output_logits(len(pieces) * scored)
                     for s in range(len(pieces)):

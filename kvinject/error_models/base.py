@@ -115,6 +115,11 @@ class ErrorModel(ABC):
         """Generate without reusing cached K/V (kvinject/recompute.py)."""
         return False
 
+    def stream(self, rng: np.random.Generator, horizon: int | None) -> Draws | None:
+        """The random values of one item, drawn from ``rng``; ``horizon``: how many values the
+        item's prompt writes to the targeted sites (None where unknown)."""
+        return Draws(self.draw, rng) if self.random else None
+
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         raise NotImplementedError(f"{self.name} draws no random values")
 

@@ -499,17 +499,24 @@ def report(
         Optional[Path],
         typer.Option("--frontier", help="Draw each bench's score against bits per K/V element to this PNG, with the Pareto front (needs matplotlib)."),
     ] = None,
+    outcomes: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--outcomes", help="Draw the shares of items masked, benign, SDC and DUE per configuration to this PNG (fault campaigns; needs matplotlib)."
+        ),
+    ] = None,
 ) -> None:
     """Merge results stores and print the study-style table: score, CIs, percent of control and
     the paired test, per bench and configuration."""
     from .plots import frontier as draw_frontier
     from .plots import heatmap as draw_heatmap
+    from .plots import outcomes as draw_outcomes
     from .plots import plot as draw
     from .report import FORMATS, load_records, matches, render, study_table, summarize, terminal_tables
 
     if output_format not in FORMATS:
         raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")
-    check_writable(plot, heatmap, frontier)
+    check_writable(plot, heatmap, frontier, outcomes)
     records = [r for r in load_records(stores) if matches(r, filters or [])]
     if not records:
         raise KvinjectError("no records match")
@@ -536,6 +543,9 @@ def report(
     if frontier:
         draw_frontier(df, frontier)
         Console(stderr=True).print(f"frontier written to {frontier}")
+    if outcomes:
+        draw_outcomes(df, outcomes)
+        Console(stderr=True).print(f"outcomes written to {outcomes}")
 
 
 @app.command()

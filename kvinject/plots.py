@@ -12,6 +12,7 @@ import pandas as pd
 
 from .benchmarks import BENCHMARKS
 from .exceptions import KvinjectError
+from .outcomes import METRICS as OUTCOMES
 from .report import primary_rows
 
 
@@ -182,5 +183,31 @@ def sensitivity_map(table: pd.DataFrame, metric: str, title: str, path: Path) ->
     ax.set_xlabel("layer")
     ax.set_title(title, fontsize="small")
     fig.colorbar(image, ax=ax, label=metric)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def outcomes(df: pd.DataFrame, path: Path) -> None:
+    """A fault campaign's outcomes: per configuration, the shares of items masked, benign, SDC
+    and DUE against the control (stacked, mean over runs), a panel per model and bench; a sweep
+    over ``bit=`` gives the per-bit sensitivity."""
+    rows = df[df["metric"].isin(list(OUTCOMES))]
+    if rows.empty:
+        raise KvinjectError("--outcomes needs the per-item outcomes that generation benchmarks record against the control; these records have none")
+    plt = _pyplot("--outcomes")
+    panels = list(rows.groupby(["model", "bench"], sort=False))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.45 * rows["label"].nunique() + 2), 3.6 * len(panels)), squeeze=False, layout="constrained")
+    colours = {"masked": "#4c9f70", "benign": "#9ecae1", "sdc": "#e6550d", "due": "#636363"}
+    for ax, ((model, bench), part) in zip(axes[:, 0], panels):
+        table = part.pivot_table(index="label", columns="metric", values="mean", sort=False).reindex(columns=list(OUTCOMES)).fillna(0)
+        bottom = np.zeros(len(table))
+        for name in OUTCOMES:
+            ax.bar(range(len(table)), table[name], bottom=bottom, color=colours[name], label=name)
+            bottom += table[name].to_numpy()
+        ax.set_xticks(range(len(table)), table.index, rotation=60, ha="right", fontsize="x-small")
+        ax.set_ylabel("share of items")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{Path(str(model)).name}: {bench}, outcomes against the control", fontsize="small")
+        ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.savefig(path, dpi=120)
     plt.close(fig)

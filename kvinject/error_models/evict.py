@@ -70,7 +70,7 @@ class Evict(CacheResident):
         "window, streaming (sinks + recent), random, tova (last query's attention), h2o (accumulated attention + recent share), "
         "snapkv (prompt's last window, pooled, once per prompt)."
     )
-    example: ClassVar[str] = "evict:streaming,0.25,sinks=4"
+    example: ClassVar[str] = "evict:streaming,1024,sinks=4"
 
     @classmethod
     def parse(cls, args: list[str], options: dict[str, str]) -> Evict:

@@ -11,16 +11,20 @@ from .options import CacheOptions
 from .target import Target
 
 
-def bits_per_element(error: ErrorModel, target: Target, cache: CacheOptions, n_layer: int, row_k: int, row_v: int, lengths: Sequence[int] = ()) -> float:
+def bits_per_element(
+    error: ErrorModel, target: Target, cache: CacheOptions, n_layer: int, row_k: int, row_v: int, lengths: Sequence[int] = (), kept: Sequence[int] = ()
+) -> float:
     """The mean over every layer's K and V components: a targeted one at the error model's bits
     (a compressor stores no more than the cache type holds), the others at their cache type's.
     ``lengths``: the tokens of the sequences the run held, for models whose bits depend on them
     (KIVI's exact window). Every layer counts as caching every token (sliding-window layers hold
-    fewer cells)."""
+    fewer cells). ``kept``: the tokens of each of those sequences still cached at its end; an
+    evicted token stores nothing, so the bits scale by the kept fraction."""
     total = 0.0
     for component, row, cache_type in (("k", row_k, cache.type_k), ("v", row_v, cache.type_v)):
         stored = BITS_PER_VALUE[cache_type]
         compressed = min(stored, error.bits_per_element(stored, component, lengths))
         targeted = sum(target.wants(component, il) for il in range(n_layer)) if error.injects else 0
         total += row * (targeted * compressed + (n_layer - targeted) * stored)
-    return total / (n_layer * (row_k + row_v))
+    kept_fraction = sum(kept) / sum(lengths) if sum(kept) else 1.0
+    return total / (n_layer * (row_k + row_v)) * kept_fraction

@@ -34,6 +34,7 @@ class Writes:
     tensors: dict[tuple[str, int], int]  # (component, layer) -> the cache tensor written
     transposed: dict[tuple[str, int], bool]  # (component, layer) -> stored transposed (V without flash attention)
     counts: dict[tuple[str, int], int]  # (component, layer) -> cache writes in the decode
+    attention: np.ndarray | None = None  # (rows, cells): each row's mean attention weight on each cell, when read (kvinject/attention.py)
 
     def check(self, expected: set[tuple[str, int]]) -> None:
         """Every targeted cache tensor written exactly once by the decode."""

@@ -115,7 +115,15 @@ class Context:
             raise ModelError(f"llama.cpp could not create a context with {self.cache.label}, n_ctx={n_ctx}: {tail}")
         self.n_vocab = model.n_vocab
         self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq)
-        self.resident = ResidentCache(self.error, self.target, model.n_layer, ll.llama_n_ctx(self._ptr)) if isinstance(self.error, CacheResident) else None
+        self.resident = None
+        if isinstance(self.error, CacheResident):
+            memory = ll.llama_get_memory(self._ptr)
+            n_cells = ll.llama_n_ctx(self._ptr)
+            self.resident = ResidentCache(
+                self.error, self.target, model.n_layer, n_cells, lambda seq, p0, p1: ll.llama_memory_seq_rm(memory, seq, p0, p1), self._noise
+            )
+            if self.error.attention:
+                self.hook.attend(n_cells)
         if self.hook is not None:
             self.hook.learn(lambda: self._llama_decode([(model.bos, 0, 0, False)]))
             self.clear()
@@ -162,8 +170,8 @@ class Context:
     @property
     def bits_per_element(self) -> float:
         m = self.model
-        lengths = self.resident.lengths if self.resident is not None else ()
-        return bits_per_element(self.error, self.target, self.cache, m.n_layer, m.n_head_kv * m.head_dim_k, m.n_head_kv * m.head_dim_v, lengths)
+        lengths, kept = (self.resident.lengths, self.resident.kept) if self.resident is not None else ((), ())
+        return bits_per_element(self.error, self.target, self.cache, m.n_layer, m.n_head_kv * m.head_dim_k, m.n_head_kv * m.head_dim_v, lengths, kept)
 
     @property
     def kv_cache_bytes(self) -> dict[str, float] | None:

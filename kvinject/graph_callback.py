@@ -13,7 +13,8 @@ the claim groups, the noise segments of the decode and the realized-error sums.
 Multiplicative error models on host memory are applied here, with their realized-error sums;
 anything else (other models, device memory) is handed back to a Python function. For
 cache-resident models it records instead where each decode writes K and V in the cache
-(:mod:`kvinject.cache_writes`).
+(:mod:`kvinject.cache_writes`), and for those that evict by attention it claims each layer's
+attention weights and sums them (:mod:`kvinject.attention`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ AT, ROWS, WIDTH, N_SEG, SEG_PTR, SEG_ROWS = range(7, 13)
 N_SITES, SITES, GROUPS, SUMS, LEARNED, N_LEARNED, LEARN_CAP = range(13, 20)
 PYTHON_APPLY, IS_HOST, IS_CONTIGUOUS, NATIVE, ROW_K, ROW_V, PREFIX_K, PREFIX_V = range(20, 28)
 WRITES, WRITES_CAP, N_WRITES, INDEX_KEYS, INDEX_ROWS, INDEX_CAP, N_INDEX, TENSOR_GET = range(28, 36)
-HEADER = 36
+ATTN, ATTN_STRIDE, N_ATTN, ATTN_N_KV, ATTN_HEADS = range(36, 41)  # attention sums (kvinject/attention.py)
+HEADER = 41
 
 # Modes.
 RUN, LEARN = 0, 1
@@ -44,7 +46,7 @@ WANTED, N_RUNS, FINAL_OP, GROUP_START, GROUP_LEN, SEEN, PENDING, HITS = range(8)
 SITE_COLUMNS = 8
 
 # Error codes, turned into exceptions by the hook after the decode.
-MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW, WRITES_OVERFLOW, BAD_INDEX = 1, 2, 3, 4, 5, 6
+MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW, WRITES_OVERFLOW, BAD_INDEX, BAD_SOFT_MAX = 1, 2, 3, 4, 5, 6, 7
 
 # Realized-error sums per component, in RealizedStats' field order (written by _multiply).
 N_SUMS = len(fields(RealizedStats))
@@ -285,10 +287,48 @@ def _record(head, t):
     head[N_WRITES] = n + 1
 
 
+# llama.cpp names each layer's attention weights (flash attention off) 'kq_soft_max-<il>' (llama-graph.cpp, build_attn_mha).
+_SOFT_MAX = np.frombuffer(b"kq_soft_max-", np.uint8)
+
+
+@njit(cache=True)
+def _is_soft_max(t):
+    name = carray(_u8(t + _NAME), 12)
+    for i in range(12):
+        if name[i] != _SOFT_MAX[i]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _add_attention(head, t):
+    """A layer's attention weights, (heads, rows, cells) with cells fastest: add their sum over
+    heads to the decode's (rows, cells) sums."""
+    ne = carray(_i64(t + _NE), 4)
+    n_kv, rows, heads = ne[0], ne[1], ne[2]
+    buffer = carray(_i64(t + _BUFFER), 1)[0]
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], t) != 0 and _ggml_test(head[IS_HOST], buffer) != 0
+    if not ok or rows != head[ROWS] or ne[3] != 1 or n_kv > head[ATTN_STRIDE]:
+        _fail(head, BAD_SOFT_MAX, -1, n_kv)
+        return
+    stride = head[ATTN_STRIDE]
+    x = carray(_f32(carray(_i64(t + _DATA), 1)[0]), heads * rows * n_kv)
+    sums = carray(_f64(head[ATTN]), rows * stride)
+    for h in range(heads):
+        for i in range(rows):
+            for j in range(n_kv):
+                sums[i * stride + j] += x[(h * rows + i) * n_kv + j]
+    head[N_ATTN] += 1
+    head[ATTN_N_KV] = max(head[ATTN_N_KV], n_kv)
+    head[ATTN_HEADS] = heads
+
+
 @cfunc(types.uint8(types.int64, types.uint8, types.int64), cache=True)
 def callback(t, ask, user_data):
     head = carray(_i64(user_data), HEADER)
     if ask == 0:
+        if head[ATTN] != 0 and _is_soft_max(t):
+            _add_attention(head, t)
         head[COMPUTED] = t
         return 1
     if head[MODE] == LEARN:  # record every node, claim none
@@ -301,6 +341,8 @@ def callback(t, ask, user_data):
         return 0
     if head[WRITES_CAP] > 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:
         _record(head, t)
+    if head[ATTN] != 0 and _is_soft_max(t):  # claimed: its weights are summed once computed
+        return 1
     return _ask(head, t)
 
 

@@ -29,7 +29,7 @@ claims nothing: the callback records where each decode wrote K and V
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -37,6 +37,7 @@ from llama_cpp import llama_cpp as ll
 
 from . import ggml
 from . import graph_callback as gc
+from .attention import AttentionSums
 from .cache_writes import CacheWrites, Writes
 from .error_models import CacheResident, Draws, ErrorModel, Multiplicative
 from .exceptions import InjectionError, ModelError
@@ -151,8 +152,15 @@ class KVHook:
             ctypes.cast(fn, ctypes.c_void_p).value for fn in (ggml.lib().ggml_backend_buffer_is_host, ggml.lib().ggml_is_contiguous)
         )
         self.writes = None if entry else CacheWrites(head, n_layer)
+        self.attention: AttentionSums | None = None
+        self._n_layer = n_layer
         self.callback = ll.ggml_backend_sched_eval_callback(gc.callback.address)
         self.user_data = ctypes.c_void_p(head.ctypes.data)
+
+    def attend(self, n_cells: int) -> None:
+        """Read every layer's attention weights from the graph (a cache-resident model that
+        evicts by attention; ``n_cells``: the context's cells)."""
+        self.attention = AttentionSums(self._head, n_cells)
 
     def stream(self, rng: np.random.Generator, tokens: int | None = None) -> Draws | None:
         """A noise stream for one benchmark item of ``tokens`` prompt tokens, if known (None for
@@ -168,7 +176,9 @@ class KVHook:
         head[gc.AT] = 0
         if self.writes is not None:
             self.writes.layout(int(head[gc.ROWS]))
-        if not self.error.random:
+        if self.attention is not None:
+            self.attention.layout(int(head[gc.ROWS]))
+        if not self.error.random or self.writes is not None:  # a cache-resident model draws its own
             head[gc.N_SEG] = 0
             return
         self._noise = noise = _DecodeNoise([(draws.take(rows * self._width), rows) for draws, rows in segments])
@@ -281,7 +291,7 @@ class KVHook:
                 writes = self.writes.read()
                 writes.check(self._expected)
                 self._decodes += 1
-                return writes
+                return writes if self.attention is None else replace(writes, attention=self.attention.read(self._n_layer))
             hits = self._sites[self._expected_rows, gc.HITS]
             if (hits != 1).any():
                 missing = sorted(("kv"[s & 1], s // 2) for s, n in zip(self._expected_rows.tolist(), hits.tolist()) if n == 0)
@@ -333,6 +343,8 @@ class KVHook:
             raise InjectionError(f"the cache write '{name}' of {value} values does not split into the {head[gc.ROWS]} rows of this decode")
         if code == gc.WRITES_OVERFLOW:
             raise ModelError(f"this model's graph writes the KV cache more often than kvinject can record ({value} writes)")
+        if code == gc.BAD_SOFT_MAX:
+            raise ModelError("eviction by attention reads contiguous f32 attention weights of one stream in host memory, and this graph's are not (a GPU?)")
         if code == gc.BAD_INDEX:
             raise ModelError("this model's graph indexes its KV cache writes with a type other than int64; kvinject cannot follow them")
         raise ModelError(f"this model's graph has more than {LEARN_CAPACITY} nodes; kvinject cannot learn it")
@@ -347,6 +359,8 @@ class KVHook:
             staged.clear()
         if self.writes is not None:
             self.writes.reset()
+        if self.attention is not None:
+            self.attention.reset()
 
 
 def _site(component: str, layer: int) -> int:

@@ -165,6 +165,11 @@ class CacheResident(ErrorModel):
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         """Nothing happens at entry."""
 
+    @property
+    def attention(self) -> bool:
+        """Needs each decode's attention weights (:meth:`ResidentCache.attention`)."""
+        return False
+
     def check(self, model: Model, target: Target, cache: CacheOptions) -> None:
         """Refuse, in one line, a model or cache this transform cannot work on."""
 

@@ -1,0 +1,338 @@
+"""Eviction against real llama.cpp: after every decode, the positions each sequence still has in
+the cache (read back through llama.cpp's state export) must be exactly those a literal
+implementation of the method keeps.
+
+The attention-based methods are checked against attention computed here, in numpy, from Q and K
+read independently of kvinject: a replica context decodes the same batches with a Python graph
+callback that copies each layer's Q (``Qcur-<il>``, after RoPE), its K comes from the state
+export, and the replica evicts what the checked context evicted, so both caches stay equal (their
+logits are compared at every step). The references follow the methods' code (kvpress
+StreamingLLMPress, TOVAPress, SnapKVPress; FMInference/H2O H2OKVCache_LayerWise) with one kept set
+for all heads and layers, as llama.cpp's cells demand.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from llama_cpp import llama_cpp as ll
+
+from kvinject import ggml
+from kvinject.batching import generate_all
+from kvinject.bits import bits_per_element
+from kvinject.error_models import parse_error
+from kvinject.exceptions import SpecError
+from kvinject.options import CacheOptions
+from kvinject.target import Target
+
+from .cache_state import read_cells
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog while the cat watches",
+    "Rivers carry sediment from the mountains to the sea",
+    "A short one",
+]
+OFF = CacheOptions("f32", "f32", "off")
+N_CTX = 256
+
+
+def later_first(scores: dict[int, float], k: int) -> set[int]:
+    """The ``k`` positions of highest score; among equal scores the later position."""
+    return set(sorted(scores, key=lambda p: (-scores[p], -p))[: max(k, 0)])
+
+
+def budget(spec: str, n: int) -> int:
+    """B(n): a ratio (with a decimal point) of the n tokens, at least 1, or a number of tokens."""
+    text = spec.split(",")[1]
+    return min(n, int(text)) if "." not in text else max(1, math.floor(n * Fraction(text)))
+
+
+class Replica:
+    """A llama context like the checked one (f32 cache, flash attention off, unified cells), whose
+    graph callback copies each layer's final Q."""
+
+    def __init__(self, model, n_seq: int, n_batch: int):
+        self.model, self.q = model, {}
+        self._callback = ll.ggml_backend_sched_eval_callback(self._watch)
+        params = ll.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = N_CTX, n_batch, n_batch, n_seq
+        params.kv_unified, params.no_perf = True, True
+        params.type_k = params.type_v = ggml.CACHE_TYPES["f32"]
+        params.flash_attn_type = 0
+        params.n_threads = params.n_threads_batch = model.backend.n_threads
+        params.cb_eval, params.cb_eval_user_data = self._callback, None
+        self._ptr = ll.llama_init_from_model(model.ptr, params)
+        self._batch = ll.llama_batch_init(n_batch, 0, n_seq)
+
+    def _watch(self, t, ask, user_data):
+        tensor = ggml.tensor(t)
+        if not re.fullmatch(rb"Qcur-\d+", tensor.name):
+            return not ask
+        if not ask:  # the last node of that name is the one attention reads (after RoPE)
+            n = ggml.numel(tensor)
+            data = np.frombuffer((ctypes.c_float * n).from_address(tensor.data), np.float32)
+            self.q[int(tensor.name[5:])] = data.reshape(-1, self.model.n_head, self.model.head_dim_k).copy()
+        return True
+
+    def decode(self, entries) -> None:
+        for i, (token, pos, seq, logits) in enumerate(entries):
+            self._batch.token[i], self._batch.pos[i], self._batch.n_seq_id[i], self._batch.logits[i] = token, pos, 1, logits
+            self._batch.seq_id[i][0] = seq
+        self._batch.n_tokens = len(entries)
+        assert ll.llama_decode(self._ptr, self._batch) == 0
+
+    def logits(self, i: int) -> np.ndarray:
+        ptr = ctypes.cast(ll.llama_get_logits_ith(self._ptr, i), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    def remove(self, seq: int, positions: set[int]) -> None:
+        for p in positions:
+            ll.llama_memory_seq_rm(ll.llama_get_memory(self._ptr), seq, p, p + 1)
+
+    def close(self) -> None:
+        ll.llama_batch_free(self._batch)
+        ll.llama_free(self._ptr)
+
+
+def attention(model, q: dict[int, np.ndarray], rows: list[int], query_pos: list[int], positions: np.ndarray, cache) -> np.ndarray:
+    """Each query row's attention on each cached position (sorted), in numpy: softmax(q.k / sqrt(d))
+    over the positions not after the query's, per query head against its group's K head, then
+    the mean over the heads of each group, over the groups and over the layers."""
+    order = np.argsort(positions)
+    n_head, n_kv, d = model.n_head, model.n_head_kv, model.head_dim_k
+    group = n_head // n_kv
+    out = np.zeros((len(rows), len(positions)))
+    for layer, qs in q.items():
+        k = cache["k", layer][order].reshape(len(positions), n_kv, d).astype(np.float64)
+        per_group = np.zeros((n_kv, len(rows), len(positions)))
+        for h in range(n_head):
+            logits = qs[rows, h].astype(np.float64) @ k[:, h // group].T / np.sqrt(d)
+            logits[np.array(query_pos)[:, None] < positions[order][None, :]] = -np.inf
+            weights = np.exp(logits - logits.max(1, keepdims=True))
+            per_group[h // group] += weights / weights.sum(1, keepdims=True) / group
+        out += per_group.mean(0) / len(q)
+    return out
+
+
+class Reference:
+    """What each method keeps of one sequence after a decode, written from its definition."""
+
+    def __init__(self, spec: str):
+        self.spec, self.model = spec, parse_error(spec)
+        self.sums: dict[int, float] = {}
+        self.window: list[dict[int, float]] = []
+        self.unasked = 0
+
+    def keep(self, held: list[int], n: int, attn: np.ndarray | None, prompt_ended: bool) -> set[int]:
+        b, m = budget(self.spec, n), self.model
+        if m.method == "h2o":  # every query's attention, summed per token over all decodes
+            for p, a in zip(held, attn.sum(0)):
+                self.sums[p] = self.sums.get(p, 0.0) + a
+        if m.method == "snapkv":
+            self.window = (self.window + [dict(zip(held, row)) for row in attn])[-m.window :]
+        if len(held) <= b or (m.method == "snapkv" and not prompt_ended):
+            return set(held)
+        if m.method == "window":
+            return set(held[-b:])
+        if m.method == "streaming":
+            sinks = min(m.sinks, b - 1)  # the newest token stays (llama.cpp needs positions to follow on)
+            return set(held[:sinks]) | set(held[len(held) - (b - sinks) :])
+        if m.method == "tova":
+            scores = dict(zip(held, attn[-1]))
+            scores[held[-1]] = np.inf
+            return later_first(scores, b)
+        if m.method == "h2o":
+            recent = max(1, int(b * m.recent))
+            older = held[: len(held) - recent]
+            return later_first({p: self.sums[p] for p in older}, b - recent) | set(held[len(older) :])
+        w = min(m.window, len(held))
+        earlier = held[: len(held) - w]
+        mean = {p: np.mean([row.get(p, 0.0) for row in self.window]) for p in earlier}
+        half = m.kernel // 2
+        pooled = {p: sum(mean[earlier[j]] for j in range(i - half, i + half + 1) if 0 <= j < len(earlier)) / m.kernel for i, p in enumerate(earlier)}
+        return later_first(pooled, b - w) | set(held[len(earlier) :]) if b > w else set(held[-b:])
+
+
+def run_checked(model, spec: str, prompts=PROMPTS[:1], n_batch: int = 5, steps: int = 10) -> int:
+    """Prompts on sequences 0, 1, ... (each in pieces of ``n_batch``), then ``steps`` greedy tokens
+    for all of them in shared decodes; after each decode every sequence's positions are checked
+    against the reference. Returns the decodes checked."""
+    replica = Replica(model, len(prompts), max(n_batch, len(prompts)))
+    with model.context(OFF, parse_error(spec), n_ctx=N_CTX, n_seq=len(prompts), n_batch=max(n_batch, len(prompts))) as ctx:
+        refs = [Reference(spec) for _ in prompts]
+        held: list[list[int]] = [[] for _ in prompts]
+        schedule = []
+        for seq, prompt in enumerate(prompts):
+            tokens = model.tokenize(prompt)
+            for start in range(0, len(tokens), n_batch):
+                piece = tokens[start : start + n_batch]
+                schedule.append([(t, start + j, seq, start + j == len(tokens) - 1) for j, t in enumerate(piece)])
+        lengths = [len(model.tokenize(p)) for p in prompts]
+        nexts: dict[int, int] = {}
+        checked = 0
+        for step in range(len(schedule) + steps):
+            entries = schedule[step] if step < len(schedule) else [(nexts[s], lengths[s] + step - len(schedule), s, True) for s in range(len(prompts))]
+            replica.q = {}
+            replica.decode(entries)
+            ctx.decode(entries)
+            for i, (_, _, seq, logits) in enumerate(entries):
+                if logits:
+                    assert np.array_equal(ctx.logits(i), replica.logits(i)), "the replica computes what the checked context does"
+                    nexts[seq] = int(np.argmax(ctx.logits(i)))
+            for seq in dict.fromkeys(s for _, _, s, _ in entries):
+                rows = [i for i, e in enumerate(entries) if e[2] == seq]
+                held[seq] += [entries[i][1] for i in rows]
+                attn = None
+                if ctx.error.attention:
+                    positions, cache = read_cells(replica, seq)
+                    assert sorted(positions.tolist()) == held[seq]
+                    attn = attention(model, replica.q, rows, [entries[i][1] for i in rows], positions, cache)
+                # A prompt ends where its last token's logits are asked for, several tokens after the last ask.
+                refs[seq].unasked += len(rows)
+                ended = entries[rows[-1]][3] and refs[seq].unasked > 1
+                if entries[rows[-1]][3]:
+                    refs[seq].unasked = 0
+                keep = refs[seq].keep(held[seq], held[seq][-1] + 1, attn, ended)
+                assert sorted(read_cells(ctx, seq)[0].tolist()) == sorted(keep), (spec, step, seq)
+                replica.remove(seq, set(held[seq]) - keep)
+                held[seq] = sorted(keep)
+            checked += 1
+    replica.close()
+    return checked
+
+
+POSITION_SPECS = ["evict:window,6", "evict:window,0.5", "evict:streaming,7,sinks=3", "evict:streaming,0.4,sinks=4", "evict:streaming,3,sinks=4"]
+ATTENTION_SPECS = [
+    "evict:tova,6",
+    "evict:tova,0.5",
+    "evict:h2o,8",
+    "evict:h2o,0.5,recent=0.25",
+    "evict:snapkv,6,window=3,kernel=3",
+    "evict:snapkv,0.5,window=4,kernel=5",
+]
+
+
+@pytest.mark.parametrize("spec", POSITION_SPECS + ATTENTION_SPECS)
+def test_each_decode_keeps_exactly_what_the_method_keeps(tiny, spec):
+    """One sequence: a prompt in pieces of 5, then generated tokens one by one; budgets as
+    tokens and as ratios."""
+    assert run_checked(tiny, spec) == 3 + 10
+
+
+@pytest.mark.parametrize("spec", ["evict:streaming,5,sinks=2", "evict:tova,0.5", "evict:h2o,7", "evict:snapkv,8,window=4,kernel=3"])
+def test_sequences_sharing_a_context_are_evicted_each_on_its_own(tiny, spec):
+    """Three prompts on three sequences, their generated tokens in shared decodes (cells and
+    attention rows interleave)."""
+    assert run_checked(tiny, spec, prompts=PROMPTS, steps=6) > 10
+
+
+def test_a_prompt_ending_in_a_one_token_piece_is_still_a_prompt_for_snapkv(tiny):
+    """13 tokens in pieces of 4: the last piece is one token; SnapKV compresses after it."""
+    assert len(tiny.tokenize(PROMPTS[0])) % 4 == 1
+    assert run_checked(tiny, "evict:snapkv,6,window=3,kernel=3", n_batch=4, steps=3) == 4 + 3
+
+
+def greedy(model, spec: str, cache=OFF, steps: int = 8):
+    """Greedy tokens after the first prompt: every step's logits and the final cache."""
+    with model.context(cache, parse_error(spec), n_ctx=N_CTX, n_batch=6) as ctx:
+        tokens = model.tokenize(PROMPTS[0])
+        ctx.prefill(tokens)
+        logits = [ctx.logits(-1).copy()]
+        for i in range(steps):
+            ctx.decode([(int(np.argmax(logits[-1])), len(tokens) + i, 0, True)])
+            logits.append(ctx.logits(-1).copy())
+        return np.array(logits), read_cells(ctx), ctx.bits_per_element
+
+
+@pytest.mark.parametrize("spec", ["evict:window,1.0", "evict:streaming,64", "evict:random,1.0", "evict:tova,1.0", "evict:h2o,100", "evict:snapkv,1.0,window=4"])
+def test_a_budget_that_keeps_everything_is_bit_identical_to_the_control(tiny, spec):
+    control_logits, (control_positions, control_cache), control_bits = greedy(tiny, "none")
+    logits, (positions, cache), bits = greedy(tiny, spec)
+    assert np.array_equal(logits, control_logits) and np.array_equal(positions, control_positions)
+    assert all(np.array_equal(cache[site], control_cache[site]) for site in cache)
+    assert bits == control_bits == 32
+
+
+def test_kept_tokens_keep_their_positions_and_values(tiny):
+    """Layer 0's K and V depend only on the token and (K) its position: after a prompt in pieces
+    the kept rows equal the control's at the same positions, so nothing was shifted."""
+    _, (control_positions, control_cache), _ = greedy(tiny, "none", steps=0)
+    _, (positions, cache), bits = greedy(tiny, "evict:streaming,6,sinks=2", steps=0)
+    assert sorted(positions.tolist()) == [0, 1, 9, 10, 11, 12]
+    where = {p: i for i, p in enumerate(control_positions.tolist())}
+    for site in (("k", 0), ("v", 0)):
+        assert np.array_equal(cache[site], control_cache[site][[where[p] for p in positions.tolist()]])
+    assert bits == pytest.approx(32 * 6 / 13)
+
+
+def test_random_keeps_the_budget_reproducibly_and_differently_per_seed(tiny):
+    def kept(seed: int) -> list[list[int]]:
+        prompts = [tiny.tokenize(p) for p in PROMPTS[:2]]
+        with tiny.context(OFF, parse_error("evict:random,0.5"), n_ctx=N_CTX, n_seq=2, seed=seed) as ctx:
+            out = dict(generate_all(ctx, prompts, 6, ignore_eos=True))
+            return [sorted(read_cells(ctx, s)[0].tolist()) for s in range(2)], out
+
+    (a, out), (b, _), (c, _) = kept(0), kept(0), kept(1)
+    assert a == b and a != c
+    for seq, positions in enumerate(a):  # the last token is never decoded
+        n = len(tiny.tokenize(PROMPTS[seq])) + len(out[seq].tokens) - 1
+        assert len(positions) == n // 2 and max(positions) < n
+
+
+def test_eviction_works_on_quantized_caches(tiny):
+    """Values are never edited, so a q8_0 cache (with flash attention, for streaming) is fine."""
+    cache = CacheOptions("q8_0", "q8_0", "on")
+    with tiny.context(cache, parse_error("evict:window,4"), n_ctx=N_CTX) as ctx:
+        ctx.prefill(tiny.tokenize(PROMPTS[0]))
+        assert ll.llama_memory_seq_pos_min(ll.llama_get_memory(ctx._ptr), 0) == 9
+        assert ctx.bits_per_element == pytest.approx(8.5 * 4 / 13)
+
+
+@pytest.mark.parametrize(
+    "cache,target,message",
+    [
+        (CacheOptions("f16", "f16", "on"), Target(), "flash attention does not materialize: use --flash-attn off"),
+        (CacheOptions("f16", "f16", "auto"), Target(), "use --flash-attn off"),
+        (OFF, Target("k"), "removes whole tokens from every layer's K and V"),
+        (OFF, Target("kv", frozenset({0})), "leave --target and --layers at their defaults"),
+    ],
+)
+def test_what_eviction_cannot_do_is_refused_in_one_line(tiny, cache, target, message):
+    with pytest.raises(SpecError, match=message):
+        tiny.context(cache, parse_error("evict:h2o,0.2"), target)
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("evict:lru,0.5", "METHOD must be one of"),
+        ("evict:window,0", "token BUDGET must be an integer >= 1"),
+        ("evict:window,1.5", "ratio BUDGET must be in"),
+        ("evict:window,half", "BUDGET must be a ratio"),
+        ("evict:window,0.5,sinks=4", "'window' takes no option 'sinks'"),
+        ("evict:snapkv,0.5,kernel=4", "odd kernel"),
+        ("evict:h2o,0.2,recent=2", "recent in"),
+    ],
+)
+def test_bad_eviction_specs_say_what_is_wrong(spec, message):
+    with pytest.raises(SpecError, match=message):
+        parse_error(spec)
+
+
+def test_specs_name_only_the_method_s_options_and_parse_back():
+    for spec in ["evict:window,0.5", "evict:streaming,256,sinks=4", "evict:h2o,0.2,recent=0.5", "evict:snapkv,1024,window=64,kernel=5", "evict:tova,0.125"]:
+        assert parse_error(spec).spec == spec and parse_error(parse_error(spec).spec) == parse_error(spec)
+    assert parse_error("evict:streaming,0.25").spec == "evict:streaming,0.25,sinks=4"
+
+
+def test_bits_per_element_are_the_kept_share():
+    """Before a run, a ratio budget's share; after it, the share the sequences kept."""
+    model = parse_error("evict:h2o,0.25")
+    assert bits_per_element(model, Target(), CacheOptions(), 4, 64, 64) == 4
+    assert bits_per_element(model, Target(), CacheOptions(), 4, 64, 64, [100, 300], [25, 75]) == 4
+    assert bits_per_element(parse_error("evict:window,64"), Target(), CacheOptions(), 4, 64, 64, [128], [64]) == 8

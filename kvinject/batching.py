@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from .exceptions import DataError
+from .positions import MAX_POSITION, Spans
 
 if TYPE_CHECKING:
     from .context import Context
@@ -65,6 +66,7 @@ def generate_all(
     ignore_eos: bool = False,
     prefixes: Sequence[Sequence[int]] | None = None,
     keep_logits: bool = False,
+    spans: Sequence[Spans] | None = None,
 ) -> Iterator[tuple[int, Generation]]:
     """Generate after every prompt, up to ``ctx.n_seq`` at a time; yield ``(index, generation)``
     as each finishes. ``items[i]`` seeds prompt ``i`` (see ``Context.begin_item``); without
@@ -75,7 +77,9 @@ def generate_all(
     same amount of work whatever the model says, for speed measurements.
     ``prefixes[i]`` continues prompt ``i`` after tokens already generated: they are decoded
     with the prompt, and the generation (its limits, ``stop`` and the result) starts with them.
-    ``keep_logits`` keeps the logits of every pick in ``Generation.logits``."""
+    ``keep_logits`` keeps the logits of every pick in ``Generation.logits``. Each sequence's
+    tokens are marked as ``prompt`` and ``generated`` (a prefix counts as generated), with the
+    spans ``spans[i]`` of prompt ``i`` a benchmark declares, for ``--positions``."""
     prefixes = prefixes or [()] * len(prompts)
     for p in prompts:
         if not 0 < len(p) < ctx.n_ctx_seq:
@@ -90,6 +94,8 @@ def generate_all(
                 ctx.begin_item(items[index], seq, len(prompts[index]))
             else:
                 ctx.forget(seq)
+            n = len(prompts[index])
+            ctx.mark(seq, {"prompt": [(0, n)], "generated": [(n, MAX_POSITION + 1)], **(spans[index] if spans is not None else {})})
             prefix = list(prefixes[index])
             active.append(_Slot(seq, index, [*prompts[index], *prefix], out=prefix, prefix=len(prefix), rows=[] if keep_logits else None))
         # A prompt piece is decoded alone, as when its item runs by itself; generated tokens of

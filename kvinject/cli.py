@@ -68,6 +68,14 @@ ErrorOpt = Annotated[
 ]
 TargetOpt = Annotated[str, typer.Option("--target", help="Which vectors get the error: kv, k or v.")]
 LayersOpt = Annotated[Optional[str], typer.Option("--layers", help="Layers that get the error, e.g. 0-3,10. Default: all.")]
+PositionsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--positions",
+        help="Cached tokens that get the error: positions and ranges (0-3, 100-), first:N, prompt, generated, "
+        "or spans the bench declares (needle, haystack, context, question); a comma-separated union. Default: all.",
+    ),
+]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the noise (with the run index), >= 0.")]
 FormatOpt = Annotated[str, typer.Option("--format", help="Output: table or json.")]
 WideOpt = Annotated[bool, typer.Option("--wide", help="Tables with every column (secondary metrics); by default they fit 100 columns.")]
@@ -106,7 +114,7 @@ def errors() -> None:
     for cls in REGISTRY.values():
         table.add_row(cls.syntax, cls.summary, cls.example)
     console.print(table)
-    console.print("Apply to K or V only with --target k|v, and to some layers with --layers 0-3,10.")
+    console.print("Apply to K or V only with --target k|v, to some layers with --layers 0-3,10, and to some tokens with --positions first:4.")
 
 
 @app.command()
@@ -152,6 +160,7 @@ def generate(
     error: ErrorOpt = None,
     target: TargetOpt = "kv",
     layers: LayersOpt = None,
+    positions: PositionsOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Tokens to generate.")] = 32,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")] = False,
     seed: SeedOpt = 0,
@@ -171,7 +180,7 @@ def generate(
 
     if output_format not in ("table", "json"):
         raise KvinjectError(f"--format must be table or json, got '{output_format}'")
-    configs = configurations("none", error or [], Target.parse(target, layers), _cache(flash_attn, cache_type_k, cache_type_v, kv_rotation))
+    configs = configurations("none", error or [], Target.parse(target, layers, positions), _cache(flash_attn, cache_type_k, cache_type_v, kv_rotation))
     with _load(model, n_gpu_layers, threads, verbose) as m:
         with console.status("generating...", spinner="dots"):
             results = run_generate(m, prompt, configs, max_tokens=max_tokens, chat=chat, seed=seed, n_ctx=ctx)
@@ -243,6 +252,7 @@ def run_command(
     control: Annotated[str, typer.Option("--control", help="The control configuration, ERROR[@K[/V]], e.g. none@f32 for an f32 cache.")] = "none",
     target: TargetOpt = "kv",
     layers: LayersOpt = None,
+    positions: PositionsOpt = None,
     runs: Annotated[int, typer.Option("--runs", "-r", help="Runs per configuration (a configuration without randomness runs once).")] = 5,
     seed: SeedOpt = 0,
     data: Annotated[
@@ -276,7 +286,7 @@ def run_command(
     if runs < 1:
         raise KvinjectError(f"--runs must be >= 1, got {runs}")
     cache = _cache(flash_attn, cache_type_k, cache_type_v, kv_rotation)
-    tgt = Target.parse(target, layers)
+    tgt = Target.parse(target, layers, positions)
     configs = configurations(control, error or [], tgt, cache)
     check_writable(output, csv)
     benches = make_benches(bench, bench_values or {}, data or [])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .error_models import ErrorModel, NoError, parse_error
+from .error_models import CacheResident, ErrorModel, NoError, parse_error
+from .exceptions import SpecError
 from .options import CacheOptions
 from .target import Target
 
@@ -25,13 +26,18 @@ class Configuration:
             type_k, _, type_v = types.partition("/")
             cache = replace(cache, type_k=type_k.strip(), type_v=(type_v or type_k).strip())
         model = parse_error(error)
-        return cls(model, (target or Target()) if model.injects else Target(), cache)  # no error, no target
+        target = (target or Target()) if model.injects else Target()  # no error, no target
+        if target.positions is not None and isinstance(model, CacheResident):
+            raise SpecError(f"--positions does not apply to '{model.name}', which changes cells already in the cache rather than K/V as they enter it")
+        return cls(model, target, cache)
 
     @property
     def label(self) -> str:
-        """``ERROR [target:layers] @K/V``; the target and cache types only when not the defaults
-        (every layer of K and V, f16 cache)."""
-        where = "" if not self.error.injects or self.target == Target() else f" [{self.target.components}:{self.target.layers_spec}]"
+        """``ERROR [target:layers pos:POSITIONS] @K/V``; the target, positions and cache types only
+        when not the defaults (every layer and position of K and V, f16 cache)."""
+        t = self.target
+        positions = "" if t.positions is None else f" pos:{t.positions.spec}"
+        where = "" if not self.error.injects or t == Target() else f" [{t.components}:{t.layers_spec}{positions}]"
         k, v = self.cache.type_k, self.cache.type_v
         types = "" if k == v == "f16" else f" @{k}" if k == v else f" @{k}/{v}"
         return f"{self.error.spec}{where}{types}"
@@ -41,6 +47,8 @@ class Configuration:
             "error": self.error.spec,
             "target": self.target.components,
             "layers": self.target.layers_spec,
+            # Only when given: the records and store keys of configurations without stay as they were.
+            **({"positions": self.target.positions.spec} if self.target.positions is not None else {}),
             "cache": self.cache.to_dict(),
         }
 

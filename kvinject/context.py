@@ -18,6 +18,7 @@ from .ggml import CACHE_TYPES
 from .hook import KVHook
 from .llama_log import captured_log
 from .options import CacheOptions
+from .positions import Spans
 from .realized import Realized
 from .resident import ResidentCache
 from .target import Target
@@ -94,6 +95,7 @@ class Context:
         self.n_ctx_seq = n_ctx // n_seq
         self._noise: dict[int, Draws | None] = {}
         self._sampling: dict[int, np.random.Generator] = {}
+        self._spans: dict[int, Spans] = {}  # the spans --positions may name, per sequence
         self._seed(0, [seed, run])
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -142,8 +144,14 @@ class Context:
         self.forget(seq)
         self._seed(seq, [self.seed, self.run, item], tokens)
 
+    def mark(self, seq: int, spans: Spans) -> None:
+        """Name spans of the tokens of sequence ``seq`` (prompt, generated, a benchmark's), by
+        position, for ``--positions``; until the sequence is forgotten."""
+        self._spans[seq] = spans
+
     def forget(self, seq: int) -> None:
         """Remove one sequence's cells from the cache."""
+        self._spans.pop(seq, None)
         ll.llama_memory_seq_rm(ll.llama_get_memory(self._ptr), seq, -1, -1)
         if self.resident is not None:
             self.resident.forget(seq)
@@ -183,6 +191,7 @@ class Context:
         return {"k": sum(float(m[3]) for m in sizes) * mib, "v": sum(float(m[5]) for m in sizes) * mib}
 
     def clear(self) -> None:
+        self._spans.clear()
         ll.llama_memory_clear(ll.llama_get_memory(self._ptr), True)
         if self.resident is not None:
             self.resident.clear()
@@ -208,7 +217,7 @@ class Context:
         if len(entries) > self.n_batch:
             raise ValueError(f"{len(entries)} tokens exceed the batch size {self.n_batch}")
         if self.hook is not None:
-            self.hook.layout(self._segments(entries))
+            self.hook.layout(self._segments(entries), self._selected(entries))
         self._llama_decode(entries)
         if self.hook is not None:
             writes = self.hook.finish_decode()
@@ -227,6 +236,19 @@ class Context:
             segments.append([self._noise[seq], 1])
             previous = seq
         return [(draws, rows) for draws, rows in segments]
+
+    def _selected(self, entries: Sequence[tuple[int, int, int, bool]]) -> np.ndarray | None:
+        """The rows of the decode that ``--positions`` selects (None: all, without it)."""
+        positions = self.target.positions
+        if positions is None:
+            return None
+        pos = np.array([p for _, p, _, _ in entries], np.int64)
+        seqs = np.array([s for _, _, s, _ in entries], np.int64)
+        mask = np.empty(len(entries), bool)
+        for seq in np.unique(seqs).tolist():
+            rows = seqs == seq
+            mask[rows] = positions.select(pos[rows], self._spans.get(seq, {}))
+        return mask
 
     def logits(self, i: int) -> np.ndarray:
         """The logits of the i-th batch entry of the last decode (-1: the last with logits)."""

@@ -9,6 +9,7 @@ from .batching import generate_all
 from .config import Configuration
 from .exceptions import DataError, SpecError
 from .model import Model
+from .positions import GENERATION_SPANS
 from .realized import Realized
 from .recompute import generate_cache_free, pass_context
 
@@ -47,6 +48,9 @@ def generate(
     tokens = model.tokenize(text, add_special=True, parse_special=chat)
     if len(tokens) + max_tokens > n_ctx:
         raise DataError(f"the prompt ({len(tokens)} tokens) and {max_tokens} generated tokens do not fit --ctx {n_ctx}: raise --ctx or lower --max-tokens")
+    for config in configs:
+        if config.target.positions is not None:
+            config.target.positions.check("generate", GENERATION_SPANS)
     if temperature > 0 and any(c.error.cache_free for c in configs):
         raise SpecError("recompute generates greedily: use temperature 0 with it")
     out = []

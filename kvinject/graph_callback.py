@@ -9,7 +9,8 @@ Python by :mod:`kvinject.hook`.
 
 The state is one int64 array of fixed slots, the header, which holds the addresses of the
 other tables: per-site rows (a site is the K or V of a layer: ``site = 2 * layer + is_v``),
-the claim groups, the noise segments of the decode and the realized-error sums.
+the claim groups, the noise segments of the decode, the rows that get the error (``--positions``)
+and the realized-error sums.
 Multiplicative error models on host memory are applied here, with their realized-error sums;
 anything else (other models, device memory) is handed back to a Python function. For
 cache-resident models it records instead where each decode writes K and V in the cache
@@ -36,7 +37,8 @@ N_SITES, SITES, GROUPS, SUMS, LEARNED, N_LEARNED, LEARN_CAP = range(13, 20)
 PYTHON_APPLY, IS_HOST, IS_CONTIGUOUS, NATIVE, ROW_K, ROW_V, PREFIX_K, PREFIX_V = range(20, 28)
 WRITES, WRITES_CAP, N_WRITES, INDEX_KEYS, INDEX_ROWS, INDEX_CAP, N_INDEX, TENSOR_GET = range(28, 36)
 ATTN, ATTN_STRIDE, N_ATTN, ATTN_N_KV, ATTN_HEADS = range(36, 41)  # attention sums (kvinject/attention.py)
-HEADER = 41
+MASK, OUTSIDE_SUMS = range(41, 43)  # --positions: which rows get the error (0: all), sums of the others
+HEADER = 43
 
 # Modes.
 RUN, LEARN = 0, 1
@@ -202,15 +204,21 @@ def _perturb(head, t, site):
     sums = carray(_f64(head[SUMS]), (2, N_SUMS))[component]
     seg_ptr = carray(_i64(head[SEG_PTR]), head[N_SEG])
     seg_rows = carray(_i64(head[SEG_ROWS]), head[N_SEG])
-    _multiply(x, row, at, head[WIDTH], seg_ptr, seg_rows, sums)
+    mask = carray(_u8(head[MASK]), head[ROWS] if head[MASK] != 0 else 0)
+    outside = carray(_f64(head[OUTSIDE_SUMS]), (2, N_SUMS))[component]
+    _multiply(x, row, at, head[WIDTH], seg_ptr, seg_rows, mask, sums, outside)
 
 
 @njit(cache=True)
-def _multiply(x, row, at, width, seg_ptr, seg_rows, sums):
+def _multiply(x, row, at, width, seg_ptr, seg_rows, mask, sums, outside):
     """x *= noise, row by row, each segment's rows reading its own block of noise from
-    component ``at`` on; and the realized-error sums of what changed."""
+    component ``at`` on; and the realized-error sums of what changed. Rows that ``mask``
+    (when given) leaves out keep their values and their noise unread; they count in the sums
+    as unchanged, and in ``outside`` too."""
     changed = nonfinite = rel_n = flips = 0
     rel_sum = rel_sumsq = signal = noise = 0.0
+    out_values = out_nonfinite = out_rel_n = 0
+    out_signal = 0.0
     first = 0
     for k in range(len(seg_ptr)):
         rows = seg_rows[k]
@@ -218,6 +226,20 @@ def _multiply(x, row, at, width, seg_ptr, seg_rows, sums):
         for j in range(rows):
             f = block[at * rows + j * row : at * rows + (j + 1) * row]
             xs = x[(first + j) * row : (first + j + 1) * row]
+            if len(mask) > 0 and mask[first + j] == 0:
+                out_values += row
+                for c in range(row):  # what the loop below adds for a factor of 1
+                    b = xs[c]
+                    if not np.isfinite(b):
+                        nonfinite += 1
+                        out_nonfinite += 1
+                        continue
+                    signal += np.float64(b) * np.float64(b)
+                    out_signal += np.float64(b) * np.float64(b)
+                    if b != 0:
+                        rel_n += 1
+                        out_rel_n += 1
+                continue
             for c in range(row):
                 b = xs[c]
                 a = b * f[c]
@@ -248,6 +270,12 @@ def _multiply(x, row, at, width, seg_ptr, seg_rows, sums):
     sums[7] += flips
     sums[8] += signal
     sums[9] += noise
+    if len(mask) > 0:
+        outside[0] += out_values
+        outside[1] += 1
+        outside[3] += out_nonfinite
+        outside[4] += out_rel_n
+        outside[8] += out_signal
 
 
 @njit(cache=True)

@@ -33,7 +33,21 @@ class GridError(KvinjectError):
 # A grid larger than this is most likely a typo (a range step of 0.001); --max-cells allows it.
 MAX_CELLS = 5000
 MAX_RANGE = 10000  # values of one range, checked before they are made
-SWEEP_KEYS = {"models", "runs", "seeds", "control", "targets", "layers", "caches", "flash_attn", "kv_rotation", "threads", "n_gpu_layers", "parallel"}
+SWEEP_KEYS = {
+    "models",
+    "runs",
+    "seeds",
+    "control",
+    "targets",
+    "layers",
+    "positions",
+    "caches",
+    "flash_attn",
+    "kv_rotation",
+    "threads",
+    "n_gpu_layers",
+    "parallel",
+}
 
 
 @dataclass(frozen=True)
@@ -212,11 +226,16 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
             caches.append(CacheOptions(type_k, type_v or type_k, flash, rotation))
         except SpecError as e:
             raise GridError(f"{path}: sweep.caches[{i}]: {e}") from None
-    targets = [
-        Target.parse(str(c), str(layers))
-        for c in _values("sweep.targets", sweep.get("targets", "kv"))
-        for layers in _values("sweep.layers", sweep.get("layers", "all"))
-    ]
+    targets = []
+    for c, layers, positions in itertools.product(
+        _values("sweep.targets", sweep.get("targets", "kv")),
+        _values("sweep.layers", sweep.get("layers", "all")),
+        _values("sweep.positions", sweep.get("positions", "all")),
+    ):
+        try:
+            targets.append(Target.parse(str(c), str(layers), str(positions)))
+        except SpecError as e:
+            raise GridError(f"{path}: [sweep] {e}") from None
     errors = raw.get("errors", [])
     if not isinstance(errors, list):
         raise GridError(f"{path}: errors must be an array of tables ([[errors]])")
@@ -236,6 +255,10 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
     seen: set[tuple[Any, ...]] = set()
 
     def add(model: str, bench: str, options: dict[str, Any], config: Configuration, seed: int, control: bool = False) -> None:
+        try:
+            BENCHMARKS[bench].check(config)
+        except SpecError as e:
+            raise GridError(f"{path}: [bench.{bench}] {e}") from None
         opts = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
         cell = Cell(model, bench, opts, config, seed, runs, control)
         identity = (model, bench, opts, config, seed)
@@ -248,9 +271,12 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
         for spec, target, cache in itertools.product(specs, targets, caches):
             add(model, bench, options, Configuration.parse(spec, target, cache), seed)
         for i, extra in enumerate(extras):
-            bad = set(extra) - {"error", "target", "layers"}
+            bad = set(extra) - {"error", "target", "layers", "positions"}
             if bad or "error" not in extra:
-                raise GridError(f"{path}: cells[{i}] takes error (required), target and layers")
-            target = Target.parse(str(extra.get("target", "kv")), str(extra.get("layers", "all")))
+                raise GridError(f"{path}: cells[{i}] takes error (required), target, layers and positions")
+            try:
+                target = Target.parse(str(extra.get("target", "kv")), str(extra.get("layers", "all")), str(extra.get("positions", "all")))
+            except SpecError as e:
+                raise GridError(f"{path}: cells[{i}]: {e}") from None
             add(model, bench, options, Configuration.parse(str(extra["error"]), target, caches[0]), seed)
     return grid

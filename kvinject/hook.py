@@ -135,6 +135,13 @@ class KVHook:
         self._groups = np.zeros(2 * n_layer, np.int64)
         self._sums = np.zeros((2, gc.N_SUMS), np.float64)  # the compiled side's, this decode
         self._total_sums = np.zeros((2, gc.N_SUMS), np.float64)  # and over the finished decodes
+        # --positions: the rows of the decode that get the error, and the sums of the others.
+        self._positions = target.positions is not None
+        self._mask: np.ndarray | None = None
+        self._mask_bytes = np.zeros(0, np.uint8)
+        self._outside_sums = np.zeros((2, gc.N_SUMS), np.float64)
+        self._total_outside = np.zeros((2, gc.N_SUMS), np.float64)
+        self._python_outside = Realized.empty()
         self._segments = np.zeros((2, 0), np.int64)  # noise block address and rows per segment
         self._python_apply = _APPLY(self._apply)
         self._head = head = np.zeros(gc.HEADER, np.int64)
@@ -143,6 +150,7 @@ class KVHook:
         head[gc.SITES] = self._sites.ctypes.data
         head[gc.GROUPS] = self._groups.ctypes.data
         head[gc.SUMS] = self._sums.ctypes.data
+        head[gc.OUTSIDE_SUMS] = self._outside_sums.ctypes.data
         head[gc.WIDTH] = self._width
         head[gc.ROW_K], head[gc.ROW_V] = row_k, row_v
         head[gc.PREFIX_K], head[gc.PREFIX_V] = (gc.prefix(self._node_name(c, 0)) for c in "kv")
@@ -167,13 +175,21 @@ class KVHook:
         error models without randomness)."""
         return self.error.stream(rng, tokens * self._width if tokens is not None else None)
 
-    def layout(self, segments: list[tuple[Draws | None, int]]) -> None:
+    def layout(self, segments: list[tuple[Draws | None, int]], mask: np.ndarray | None = None) -> None:
         """Announce the next decode: runs of consecutive batch rows, each with the noise stream
         of the item they belong to. Each stream is read in the same order as if its item were
-        decoded alone, so an item's noise does not depend on what shares its decodes."""
+        decoded alone, so an item's noise does not depend on what shares its decodes. With
+        ``--positions``, ``mask`` says which rows get the error; the others' noise is drawn
+        all the same and left unused, so the noise of a row does not depend on the mask."""
         head = self._head
         head[gc.ROWS] = sum(rows for _, rows in segments)
         head[gc.AT] = 0
+        self._mask = mask
+        if mask is not None:
+            if self._mask_bytes.size < mask.size:
+                self._mask_bytes = np.zeros(2 * mask.size, np.uint8)
+            self._mask_bytes[: mask.size] = mask
+        head[gc.MASK] = 0 if mask is None else self._mask_bytes.ctypes.data
         if self.writes is not None:
             self.writes.layout(int(head[gc.ROWS]))
         if self.attention is not None:
@@ -246,16 +262,23 @@ class KVHook:
         x = self._host_rows.get((ptr, t.data, t.ne[2], t.ne[3]))
         if x is None:
             x = self._rows(ptr, t, component)
+        # The model changes every row (each row's noise is read as without --positions); the
+        # rows --positions leaves out get their values back.
+        keep = None if self._mask is None else ~self._mask
         if isinstance(x, np.ndarray):  # host memory: change it in place
             before, after = self._staged[component].slots(x.size)
             np.copyto(before, x.reshape(-1))
             self.error.apply(x, self._noise)
+            if keep is not None:
+                x[keep] = before.reshape(x.shape)[keep]
             np.copyto(after, x.reshape(-1))
         else:  # device memory: copy out and back
             before, after = self._staged[component].slots(x[0] * x[1])
             ggml.lib().ggml_backend_tensor_get(ptr, before.ctypes.data, 0, before.nbytes)
             np.copyto(after, before)
             self.error.apply(after.reshape(x), self._noise)
+            if keep is not None:
+                after.reshape(x)[keep] = before.reshape(x)[keep]
             ggml.lib().ggml_backend_tensor_set(ptr, after.ctypes.data, 0, after.nbytes)
 
     def _rows(self, ptr: int, t: ggml.GgmlTensor, component: str) -> np.ndarray | tuple[int, int]:
@@ -279,6 +302,9 @@ class KVHook:
         """What the hook did to K and V so far."""
         realized = Realized(*(RealizedStats.from_sums(sums) for sums in self._total_sums))
         realized.merge(self._python_realized)
+        if self._positions:
+            realized.outside = Realized(*(RealizedStats.from_sums(sums) for sums in self._total_outside))
+            realized.outside.merge(self._python_outside)
         return realized
 
     def finish_decode(self) -> Writes | None:
@@ -301,10 +327,16 @@ class KVHook:
                 )
             self._decodes += 1
             self._total_sums += self._sums
-            for c, stats in (("k", self._python_realized.k), ("v", self._python_realized.v)):
+            self._total_outside += self._outside_sums
+            for c in "kv":
                 staged = self._staged[c]
                 if staged.sites:
-                    stats.add(staged.before[: staged.n], staged.after[: staged.n], staged.sites, self._work)
+                    before, after = staged.before[: staged.n], staged.after[: staged.n]
+                    getattr(self._python_realized, c).add(before, after, staged.sites, self._work)
+                    if self._mask is not None:  # the rows left out, site by site
+                        shape = (staged.sites, len(self._mask), -1)
+                        keep = ~self._mask
+                        getattr(self._python_outside, c).add(before.reshape(shape)[:, keep], after.reshape(shape)[:, keep], staged.sites, self._work)
             return None
         finally:
             self._reset()
@@ -352,6 +384,9 @@ class KVHook:
     def _reset(self) -> None:
         self._sites[:, gc.SEEN :] = 0
         self._sums[:] = 0
+        self._outside_sums[:] = 0
+        self._mask = None
+        self._head[gc.MASK] = 0
         self._head[gc.RUN_SITE] = -1
         self._head[gc.ERROR] = 0
         self._noise = None

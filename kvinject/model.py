@@ -204,12 +204,13 @@ class Model:
             n = ll.llama_tokenize(self.vocab, data, len(data), buf, -n, add_special, parse_special)
         return list(buf[:n])
 
-    def piece(self, token: int) -> bytes:
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The token's text; a special token's (``<|im_start|>``) only when ``special``."""
         buf = ctypes.create_string_buffer(64)
-        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
     def detokenize(self, tokens: list[int]) -> str:

@@ -100,6 +100,10 @@ class RealizedStats:
         for key, value in asdict(other).items():
             setattr(self, key, getattr(self, key) + value)
 
+    def without(self, part: RealizedStats) -> RealizedStats:
+        """These statistics less ``part`` of their values, over the same cache writes (sites)."""
+        return RealizedStats(**{k: v if k == "sites" else v - getattr(part, k) for k, v in asdict(self).items()})
+
     @property
     def rel_err_mean(self) -> float:
         return self.rel_sum / self.rel_n if self.rel_n else math.nan
@@ -137,10 +141,13 @@ class RealizedStats:
 
 @dataclass
 class Realized:
-    """Realized statistics for K and V of one configuration."""
+    """Realized statistics for K and V of one configuration. With ``--positions``, ``outside``
+    holds the part of them that the positions left out (their values, unchanged), so that the
+    summary says what the selected and the other positions received."""
 
     k: RealizedStats
     v: RealizedStats
+    outside: Realized | None = None
 
     @classmethod
     def empty(cls) -> Realized:
@@ -149,6 +156,14 @@ class Realized:
     def merge(self, other: Realized) -> None:
         self.k.merge(other.k)
         self.v.merge(other.v)
+        if other.outside is not None:
+            if self.outside is None:
+                self.outside = Realized.empty()
+            self.outside.merge(other.outside)
 
     def summary(self) -> dict[str, dict[str, float | int]]:
-        return {"k": self.k.summary(), "v": self.v.summary()}
+        out: dict[str, dict] = {"k": self.k.summary(), "v": self.v.summary()}
+        if self.outside is not None:
+            o = self.outside
+            out["positions"] = {"selected": Realized(self.k.without(o.k), self.v.without(o.v)).summary(), "other": o.summary()}
+        return out

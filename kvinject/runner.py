@@ -54,6 +54,8 @@ def run(
     """Evaluate every bench under ``configs`` (the control first); yields results as they finish."""
     for config in configs:  # before the control has run, not after
         config.target.check(model.n_layer)
+        for bench in benches:
+            bench.check(config)
     for bench in benches:
         bench.prepare(model)
         plan = bench.plan(configs, runs)

@@ -1,10 +1,11 @@
-"""Which cache writes an error model touches: K, V or both, and which layers."""
+"""Which cache writes an error model touches: K, V or both, which layers, and which positions."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .exceptions import SpecError
+from .positions import Positions
 from .values import parse_int
 
 COMPONENTS = ("kv", "k", "v")
@@ -15,14 +16,15 @@ MAX_LAYER = 4095
 class Target:
     components: str = "kv"
     layers: frozenset[int] | None = None  # None: every layer
+    positions: Positions | None = None  # None: every cached token
 
     def __post_init__(self) -> None:
         if self.components not in COMPONENTS:
             raise SpecError(f"target must be one of {', '.join(COMPONENTS)}, got '{self.components}'")
 
     @classmethod
-    def parse(cls, components: str = "kv", layers: str | None = None) -> Target:
-        return cls(components.strip().lower(), parse_layers(layers))
+    def parse(cls, components: str = "kv", layers: str | None = None, positions: str | None = None) -> Target:
+        return cls(components.strip().lower(), parse_layers(layers), Positions.parse(positions))
 
     def wants(self, component: str, layer: int) -> bool:
         return component in self.components and (self.layers is None or layer in self.layers)
@@ -35,6 +37,10 @@ class Target:
     @property
     def layers_spec(self) -> str:
         return "all" if self.layers is None else format_layers(self.layers)
+
+    @property
+    def positions_spec(self) -> str:
+        return "all" if self.positions is None else self.positions.spec
 
 
 def parse_layers(text: str | None) -> frozenset[int] | None:

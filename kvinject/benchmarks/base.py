@@ -20,6 +20,7 @@ from ..exceptions import DataError, SpecError
 from ..model import Model
 from ..outcomes import METRICS as OUTCOMES
 from ..outcomes import classify
+from ..positions import GENERATION_SPANS, Spans
 from ..realized import Realized
 from ..recompute import generate_cache_free, one_pass, pass_context
 from ..speed import Speed
@@ -86,6 +87,7 @@ class Benchmark(ABC):
     binary: ClassVar[frozenset[str]] = frozenset()  # per-item metrics that are pass/fail
     # metric -> (per-item metric, transform) for metrics that are not a mean over items
     proxies: ClassVar[dict[str, tuple[str, Callable[[float], float]]]] = {}
+    spans: ClassVar[tuple[str, ...]] = ()  # the span names --positions may use with this benchmark
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -122,6 +124,13 @@ class Benchmark(ABC):
     def plan(self, configs: list[Configuration], runs: int) -> Plan:
         return [(c, list(range(self.runs_needed(c, runs)))) for c in configs]
 
+    @classmethod
+    def check(cls, config: Configuration) -> None:
+        """Fail, in one line, for a configuration whose --positions name a span this benchmark
+        does not declare; before anything runs."""
+        if config.target.positions is not None:
+            config.target.positions.check(cls.name, cls.spans)
+
     def prepare(self, model: Model) -> None:
         """Model-dependent set-up (tokenizing a corpus) before ``work`` is asked."""
 
@@ -146,6 +155,7 @@ class GenerationBenchmark(Benchmark):
     token flips and logit drift of every configuration (kvinject/drift.py)."""
 
     keep_texts: ClassVar[bool] = False  # record the generated texts with the results
+    spans = GENERATION_SPANS  # marked by generate_all; a subclass adds those item_spans declares
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -171,6 +181,11 @@ class GenerationBenchmark(Benchmark):
         """Sequences generated together in contexts of ``per_seq`` cells per sequence."""
         return model.parallel
 
+    def item_spans(self, model: Model) -> list[Spans]:
+        """The token spans each item's prompt declares (a subclass that adds names to ``spans``),
+        after ``prompts``."""
+        return [{} for _ in range(len(self))]
+
     def stop(self, model: Model) -> Callable[[list[int]], bool] | None:
         """A test that ends a generation early, given its tokens so far."""
         return None
@@ -193,11 +208,13 @@ class GenerationBenchmark(Benchmark):
 
     def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress) -> Iterator[RunResult]:
         prompts = self.prompts(model)
+        named = {n for c, _ in plan if c.target.positions is not None for n in c.target.positions.names}
+        spans = self.item_spans(model) if named - set(GENERATION_SPANS) else None
         reference = plan[0][0] if plan[0][0].error.cache_free else None
         control: RunResult | None = None
         for config, runs in plan:
             for run in runs:
-                result = self._run(model, config, run, seed, prompts, control.outputs if control else None, reference, progress)
+                result = self._run(model, config, run, seed, prompts, control.outputs if control else None, reference, progress, spans)
                 if control is None:
                     control = result
                 else:  # each item against the golden run, as fault campaigns classify them
@@ -223,6 +240,7 @@ class GenerationBenchmark(Benchmark):
         control: list[list[int]] | None,
         reference: Configuration | None,
         progress: Progress,
+        spans: list[Spans] | None = None,
     ) -> RunResult:
         """One run; with a cache-free ``reference`` (the control), each item's logits are
         compared with those of one pass over its tokens with the reference's cache (the
@@ -242,7 +260,9 @@ class GenerationBenchmark(Benchmark):
                 verify = stack.enter_context(pass_context(model, config.cache, per_seq))
                 generations = generate_cache_free(ctx, verify, prompts, max_tokens, self.stop(model), items=range(n))
             else:
-                generations = generate_all(ctx, prompts, max_tokens, self.temperature, stop=self.stop(model), items=range(n), keep_logits=reference is not None)
+                generations = generate_all(
+                    ctx, prompts, max_tokens, self.temperature, stop=self.stop(model), items=range(n), keep_logits=reference is not None, spans=spans
+                )
             judge = stack.enter_context(pass_context(model, reference.cache, per_seq)) if reference is not None and control is not None else None
             for i, gen in generations:
                 scores[i] = self.score(i, gen)

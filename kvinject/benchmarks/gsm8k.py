@@ -38,6 +38,8 @@ from ..batching import Generation
 from ..data import load_hf, read_jsonl
 from ..exceptions import DataError
 from ..model import Model
+from ..positions import Spans
+from ..spans import token_spans
 from ..speed import Speed
 from .arithmetic import Problem, generate, problems
 from .base import GenerationBenchmark
@@ -132,6 +134,7 @@ class GSM8K(GenerationBenchmark):
     higher_is_better: ClassVar[dict[str, bool]] = {"exact_match_flexible": True, "exact_match_strict": True, "diverged": False}
     binary = frozenset({"exact_match_flexible", "exact_match_strict"})
     keep_texts = True
+    spans = (*GenerationBenchmark.spans, "context", "question")  # the worked examples, the question asked
 
     @property
     def n_shots(self) -> int:
@@ -152,6 +155,7 @@ class GSM8K(GenerationBenchmark):
                 raise DataError(f"{o.data} holds {len(loaded)} problems: none left to evaluate{after}")
             shots, items = loaded[:k], loaded[k:]
         self.shots, self.items = shots, items[: o.limit]
+        self.shot_text = "".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in self.shots)
         self.prompt_texts = [self.prompt_text(item.question) for item in self.items]
 
     def __len__(self) -> int:
@@ -159,10 +163,9 @@ class GSM8K(GenerationBenchmark):
 
     def prompt_text(self, question: str) -> str:
         """The prompt before tokenizing: the shots and the question, or the chat turn's text."""
-        shots = "".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in self.shots)
         if self.options.chat:
-            return f"{shots}Question: {question}\n\n{CHAT_INSTRUCTION}"
-        return f"{shots}Question: {question}\nAnswer:"
+            return f"{self.shot_text}Question: {question}\n\n{CHAT_INSTRUCTION}"
+        return f"{self.shot_text}Question: {question}\nAnswer:"
 
     @property
     def settings(self) -> dict[str, object]:
@@ -175,9 +178,18 @@ class GSM8K(GenerationBenchmark):
         return runs * speed.generation(len(self), prompt_tokens, self.options.max_tokens)
 
     def prompts(self, model: Model) -> list[list[int]]:
-        if self.options.chat:
-            return [model.tokenize(model.chat_prompt(t), parse_special=True) for t in self.prompt_texts]
-        return [model.tokenize(t, parse_special=False) for t in self.prompt_texts]
+        chat = self.options.chat
+        self._texts = [model.chat_prompt(t) if chat else t for t in self.prompt_texts]
+        self._tokens = [model.tokenize(t, parse_special=chat) for t in self._texts]
+        return self._tokens
+
+    def item_spans(self, model: Model) -> list[Spans]:
+        """The worked examples (context) and the rest of the prompt text (question), chat template left out."""
+        out = []
+        for text, task, tokens in zip(self._texts, self.prompt_texts, self._tokens):
+            start, shots = text.index(task), len(self.shot_text)
+            out.append(token_spans(model, text, tokens, {"context": [(start, start + shots)], "question": [(start + shots, start + len(task))]}))
+        return out
 
     def limits(self, prompts: list[list[int]]) -> tuple[int, int]:
         return self.options.max_tokens, max(map(len, prompts)) + self.options.max_tokens + 1

@@ -22,6 +22,8 @@ from ..batching import Generation
 from ..data import read_text
 from ..exceptions import DataError
 from ..model import Model
+from ..positions import Spans
+from ..spans import token_spans
 from ..speed import Speed
 from .base import GenerationBenchmark
 from .options import Options, option
@@ -166,6 +168,10 @@ class Prompt:
     text: str
     tokens: list[int]
     filler_words: int
+    chars: dict[str, list[tuple[int, int]]]  # where the needles, the context and the question lie in text
+
+
+SPANS = ("needle", "haystack", "context", "question")
 
 
 def build_prompt(model: Model, item: Item, words: int, data: str | None = None) -> Prompt:
@@ -184,15 +190,24 @@ def build_prompt(model: Model, item: Item, words: int, data: str | None = None) 
     # A needle goes at the sentence boundary nearest its depth in words; ties keep their order.
     bounds = np.cumsum([0] + [len(p.split()) for p in picked])
     places = sorted((int(np.abs(bounds - n.depth / 100 * words).argmin()), i) for i, n in enumerate(item.needles))
-    pieces, done = [], 0
+    pieces, needles, done = [], [], 0
     for at, i in places:
-        pieces += [*picked[done:at], item.needles[i].text]
+        pieces += picked[done:at]
+        needles.append(len(pieces))
+        pieces.append(item.needles[i].text)
         done = at
     context = " ".join(pieces + picked[done:])
     task = item.before + context + item.after
     # A model without a chat template (a base model) reads the task as plain text, as RULER's base template does.
     text = (model.chat_prompt(task) if model.has_chat_template else task) + item.answer_prefix
-    return Prompt(text, model.tokenize(text, parse_special=True), words)
+    start = text.index(task) + len(item.before)  # the template holds the task as it is
+    offsets = np.cumsum([start] + [len(p) + 1 for p in pieces])  # each piece and the space after it
+    chars = {
+        "needle": [(int(offsets[i]), int(offsets[i]) + len(pieces[i])) for i in needles],
+        "context": [(start, start + len(context))],
+        "question": [(start + len(context), start + len(context) + len(item.after))],
+    }
+    return Prompt(text, model.tokenize(text, parse_special=True), words, chars)
 
 
 def fit_prompt(model: Model, budget: int, item: Item, data: str | None = None) -> Prompt:
@@ -268,6 +283,7 @@ class LongContextBenchmark(GenerationBenchmark):
 
     Options = LongContextOptions
     options: LongContextOptions
+    spans = (*GenerationBenchmark.spans, *SPANS)
     primary = "accuracy"
     secondary = ("diverged",)
     higher_is_better = {"accuracy": True, "diverged": False}
@@ -333,6 +349,9 @@ class LongContextBenchmark(GenerationBenchmark):
     def limits(self, prompts: list[list[int]]) -> tuple[int, int]:
         return self.max_tokens, max(map(len, prompts)) + self.max_tokens + 1
 
+    def item_spans(self, model: Model) -> list[Spans]:
+        return [with_haystack(token_spans(model, p.text, p.tokens, p.chars)) for p in self.fitted]
+
     def sequences(self, model: Model, per_seq: int) -> int:
         if model.backend.parallel is not None:
             return model.parallel
@@ -349,6 +368,19 @@ class LongContextBenchmark(GenerationBenchmark):
         for cell, score in zip(self.cells, scores):
             by_cell.setdefault(cell_metric("accuracy", cell), []).append(score)
         return {"accuracy": float(np.mean(scores))} | {k: float(np.mean(v)) for k, v in by_cell.items()}, {"accuracy": scores}
+
+
+def with_haystack(spans: dict[str, list[tuple[int, int]]]) -> dict[str, list[tuple[int, int]]]:
+    """The haystack is the context's tokens that hold no needle."""
+    ((at, stop),) = spans["context"]
+    haystack = []
+    for a, b in spans["needle"]:
+        if a > at:
+            haystack.append((at, a))
+        at = max(at, b)
+    if at < stop:
+        haystack.append((at, stop))
+    return {**spans, "haystack": haystack}
 
 
 def cell_metric(metric: str, cell: Cell) -> str:

@@ -27,8 +27,7 @@ class Configuration:
             cache = replace(cache, type_k=type_k.strip(), type_v=(type_v or type_k).strip())
         model = parse_error(error)
         target = (target or Target()) if model.injects else Target()  # no error, no target
-        if target.positions is not None and isinstance(model, CacheResident):
-            raise SpecError(f"--positions does not apply to '{model.name}', which changes cells already in the cache rather than K/V as they enter it")
+        check_positions(model, target)
         return cls(model, target, cache)
 
     @property
@@ -59,3 +58,9 @@ def configurations(control: str, errors: list[str], target: Target | None = None
     first = Configuration.parse(control, cache=cache)
     rest = [Configuration.parse(e, target, cache) for e in errors]
     return [first] + [c for c in dict.fromkeys(rest) if c != first]
+
+
+def check_positions(error: ErrorModel, target: Target) -> None:
+    """Positions select K/V rows as they enter the cache; a cache-resident model changes cells after."""
+    if target.positions is not None and isinstance(error, CacheResident):
+        raise SpecError(f"--positions does not apply to '{error.name}', which changes cells already in the cache rather than K/V as they enter it")

@@ -12,6 +12,7 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from .bits import bits_per_element
+from .config import check_positions
 from .error_models import CacheResident, Draws, ErrorModel, NoError
 from .exceptions import InjectionError, ModelError, SpecError
 from .ggml import CACHE_TYPES
@@ -77,6 +78,7 @@ class Context:
         self.n_batch = min(n_batch, n_ctx)
         if n_seq > self.n_batch:
             raise ValueError(f"{n_seq} sequences need a batch of at least {n_seq} tokens, not {self.n_batch}")
+        check_positions(self.error, self.target)
         if isinstance(self.error, CacheResident):
             self.error.check(model, self.target, self.cache)
         self.hook = (

@@ -213,8 +213,8 @@ def _perturb(head, t, site):
 def _multiply(x, row, at, width, seg_ptr, seg_rows, mask, sums, outside):
     """x *= noise, row by row, each segment's rows reading its own block of noise from
     component ``at`` on; and the realized-error sums of what changed. Rows that ``mask``
-    (when given) leaves out keep their values and their noise unread; they count in the sums
-    as unchanged, and in ``outside`` too."""
+    (when given) leaves out keep their values (their noise, drawn all the same, goes unused);
+    they count in the sums as unchanged, and in ``outside`` too."""
     changed = nonfinite = rel_n = flips = 0
     rel_sum = rel_sumsq = signal = noise = 0.0
     out_values = out_nonfinite = out_rel_n = 0

@@ -220,6 +220,11 @@ def test_spans_a_bench_does_not_declare_and_cache_resident_models_are_refused():
         Configuration.parse("kivi:2", Target.parse("kv", None, "0-3"))
 
 
+def test_a_context_refuses_positions_with_a_cache_resident_model(tiny):
+    with pytest.raises(SpecError, match="--positions does not apply to 'kivi'"):
+        tiny.context(F32, parse_error("kivi:2"), Target.parse("kv", None, "first:4"))
+
+
 def test_gsm8k_declares_its_worked_examples_and_the_question(tiny):
     bench = make_bench("gsm8k", {"limit": 1, "shots": 2})
     (tokens,) = bench.prompts(tiny)

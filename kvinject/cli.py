@@ -120,7 +120,7 @@ def errors() -> None:
 @app.command()
 def benchmarks(output_format: FormatOpt = "table") -> None:
     """List the benchmarks with their options (flags of `kvinject run`, keys of [bench.NAME] in
-    grid files) and metrics."""
+    grid files), metrics and the spans --positions may name."""
     from .benchmarks import BENCHMARKS
     from .benchmarks.options import describe, flag
 
@@ -131,6 +131,7 @@ def benchmarks(output_format: FormatOpt = "table") -> None:
             "options": [{"name": n, "type": t, "default": d, "help": h} for n, t, d, h in describe(cls.Options)],
             "primary": cls.primary,
             "metrics": list(cls.higher_is_better),
+            "spans": list(cls.spans),
         }
         for name, cls in BENCHMARKS.items()
     ]
@@ -148,7 +149,8 @@ def benchmarks(output_format: FormatOpt = "table") -> None:
         for o in b["options"]:
             options.append(f"{flag(o['name'])} {o['type']}", style="bold")
             options.append(f"{'' if o['default'] == '-' else ' = ' + o['default']}  {o['help']}\n")
-        measures = Text(f"{b['summary']}\nmetrics: {', '.join(b['metrics'])} (headline {b['primary']})")
+        spans = f"\n--positions spans: {', '.join(b['spans'])}" if b["spans"] else ""
+        measures = Text(f"{b['summary']}\nmetrics: {', '.join(b['metrics'])} (headline {b['primary']}){spans}")
         options.rstrip()
         table.add_row(b["name"], measures, options)
     console.print(table)

@@ -195,7 +195,7 @@ def generate(
     for r in results:
         k, v = r.realized.k, r.realized.v
         table.add_row(
-            r.config.label,
+            Text(r.config.label),  # not markup: labels hold [target:layers]
             r.text,
             f"{_fmt(k.rel_err_mean)} ± {_fmt(k.rel_err_std)}",
             f"{_fmt(v.rel_err_mean)} ± {_fmt(v.rel_err_std)}",

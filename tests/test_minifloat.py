@@ -119,4 +119,4 @@ def test_unknown_format_names_the_choices() -> None:
 
 @pytest.mark.parametrize("spec,bits", [("float:e4m3", 8), ("float:e2m1,block=32", 4.25), ("float:e3m2,block=16", 6.5), ("float:e8m7", 16)])
 def test_bits_per_element_count_the_shared_scale(spec: str, bits: float) -> None:
-    assert parse_error(spec).bits_per_element(16) == bits
+    assert parse_error(spec).bits_per_element(16, "v") == bits

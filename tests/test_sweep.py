@@ -209,11 +209,13 @@ def test_two_workers_on_one_store_split_the_groups_and_compute_each_run_once(tmp
     claim alone and wait for it; then the first, continued, finishes its group."""
     grid, store, log = write_grid(tmp_path, tiny_path, text=SHARED_GRID), tmp_path / "shared.sqlite", tmp_path / "second.err"
     first = sweep(grid, "--store", store)
-    deadline = time.time() + 120
+    deadline = time.time() + 300  # a loaded machine takes long to start a worker
     with open(log, "w") as err:
         try:
             while not stop_once_claiming(store, first):
-                assert first.poll() is None and time.time() < deadline, "the first worker claimed nothing"
+                if first.poll() is not None:
+                    raise AssertionError(f"the first worker ended ({first.returncode}) before it was seen claiming: {first.communicate()[1][-2000:]}")
+                assert time.time() < deadline, "the first worker claimed nothing in 300 s"
                 time.sleep(0.01)
             second = sweep(grid, "--store", store, stderr=err)
             while "waiting" not in log.read_text():

@@ -461,8 +461,8 @@ def profile(
     set_verbose(verbose)
     if runs < 1:
         raise KvinjectError(f"--runs must be >= 1, got {runs}")
-    cache = _cache(flash_attn, cache_type_k, cache_type_v, kv_rotation)
-    err = Configuration.parse(error, cache=cache).error
+    config = Configuration.parse(error, cache=_cache(flash_attn, cache_type_k, cache_type_v, kv_rotation))
+    err, cache = config.error, config.cache  # ERROR@K/V: the profile's cache types
     if not err.injects:
         raise KvinjectError(f"--error {error} puts no error anywhere: give an error model (see `kvinject errors`)")
     (b,) = make_benches([bench], bench_values or {}, [data] if data else [])

@@ -71,3 +71,12 @@ def test_sensitivity_keeps_single_layer_records_of_its_error():
     assert pd.isna(table.loc[1, "k"])
     with pytest.raises(KvinjectError, match="no metric 'accuracy'"):
         sensitivity(records, parse_error("normal:0,0.5"), "accuracy")
+
+
+def test_profile_takes_the_cache_types_of_its_error_spec(tmp_path, tiny_path):
+    store = tmp_path / "p.sqlite"
+    out = profile("--model", tiny_path, "--error", "quant:4@f32", "--ctx", 64, "--chunks", 1, "--store", store)
+    assert out.returncode == 0, out.stderr
+    with Store(store, readonly=True) as s:
+        caches = {(r["settings"]["cache"]["type_k"], r["settings"]["cache"]["type_v"]) for r in s.records()}
+    assert caches == {("f32", "f32")}, "the control and every layer's cell in the spec's cache"

@@ -132,6 +132,14 @@ class ErrorModel(ABC):
         """Change ``x`` (float32, shape (rows, components)) in place."""
 
 
+def row_groups(x: np.ndarray, size: int, what: str) -> np.ndarray:
+    """``x``'s rows cut into groups of ``size`` components, a view (``what``: the model's name
+    and option, for the error when ``size`` does not divide a row)."""
+    if x.shape[1] % size:
+        raise SpecError(f"{what} {size} does not divide the row length {x.shape[1]}")
+    return x.reshape(-1, size)
+
+
 def _fmt(value: object) -> str:
     if isinstance(value, float):
         return repr(value).removesuffix(".0") if value.is_integer() else repr(value)

@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from ..exceptions import SpecError
-from .base import Draws, ErrorModel, register
+from .base import Draws, ErrorModel, register, row_groups
 
 FORMATS: dict[str, type] = {
     "e4m3": ml_dtypes.float8_e4m3fn,
@@ -70,9 +70,7 @@ class Minifloat(ErrorModel):
         if not self.block:
             x[...] = _round(x, FORMATS[self.format], largest)
             return
-        if x.shape[1] % self.block:
-            raise SpecError(f"'float': block {self.block} does not divide the row length {x.shape[1]}")
-        g = x.reshape(-1, self.block)
+        g = row_groups(x, self.block, "'float': block")
         amax = np.abs(g).max(axis=1, keepdims=True)
         emax = np.frexp(largest)[1] - 1
         shared = np.clip(np.frexp(amax)[1] - 1 - emax, *SCALE_EXPONENTS)  # frexp: amax = m * 2^e, m in [0.5, 1)

@@ -8,7 +8,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from ..exceptions import SpecError
-from .base import Draws, ErrorModel, register
+from .base import Draws, ErrorModel, register, row_groups
 
 
 @register
@@ -33,9 +33,7 @@ class Quant(ErrorModel):
         return self.bits + 16 / self.group  # an fp16 scale per group, as q8_0 and q4_0 store it
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
-        if x.shape[1] % self.group:
-            raise SpecError(f"'quant': group {self.group} does not divide the row length {x.shape[1]}")
-        g = x.reshape(-1, self.group)
+        g = row_groups(x, self.group, "'quant': group")
         qmax = np.float32(2 ** (self.bits - 1) - 1)
         scale = np.abs(g).max(axis=1, keepdims=True) / qmax
         scale[scale == 0] = 1  # an all-zero group stays zero

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .error_models import CacheResident, ErrorModel, NoError, parse_error
+from .error_models import CacheResident, ErrorModel, Multiplicative, NoError, parse_error
 from .exceptions import SpecError
 from .options import CacheOptions
 from .target import Target
+from .variates import GENERATOR
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class Configuration:
             # Only when given: the records and store keys of configurations without stay as they were.
             **({"positions": self.target.positions.spec} if self.target.positions is not None else {}),
             "cache": self.cache.to_dict(),
+            # The factors of a multiplicative model depend on the generator: a store does not mix
+            # results of two generators under one key.
+            **({"noise": GENERATOR} if isinstance(self.error, Multiplicative) else {}),
         }
 
 

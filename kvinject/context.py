@@ -23,6 +23,7 @@ from .positions import Spans
 from .realized import Realized
 from .resident import ResidentCache
 from .target import Target
+from .variates import Variates
 
 if TYPE_CHECKING:
     from .model import Model
@@ -95,7 +96,7 @@ class Context:
         self.seed, self.run = seed, run
         self.n_seq = n_seq
         self.n_ctx_seq = n_ctx // n_seq
-        self._noise: dict[int, Draws | None] = {}
+        self._noise: dict[int, Draws | Variates | None] = {}
         self._sampling: dict[int, np.random.Generator] = {}
         self._spans: dict[int, Spans] = {}  # the spans --positions may name, per sequence
         self._seed(0, [seed, run])

@@ -9,9 +9,11 @@ Python by :mod:`kvinject.hook`.
 
 The state is one int64 array of fixed slots, the header, which holds the addresses of the
 other tables: per-site rows (a site is the K or V of a layer: ``site = 2 * layer + is_v``),
-the claim groups, the noise segments of the decode, the rows that get the error (``--positions``)
-and the realized-error sums.
-Multiplicative error models on host memory are applied here, with their realized-error sums;
+the claim groups, the noise segments of the decode (runs of rows whose factors come from one
+item's stream of kvinject/variates.py), the rows that get the error (``--positions``) and the
+realized-error sums.
+Multiplicative error models on host memory are applied here, their factors computed in the
+same pass, with their realized-error sums;
 anything else (other models, device memory) is handed back to a Python function. For
 cache-resident models it records instead where each decode writes K and V in the cache
 (:mod:`kvinject.cache_writes`), and for those that evict by attention it claims each layer's
@@ -29,16 +31,18 @@ from numba.extending import intrinsic
 
 from . import ggml
 from .realized import RealizedStats
+from .variates import factor, hash_at
 
 # Header slots.
 MODE, RUN_SITE, RUN_LAST, COMPUTED, ERROR, ERROR_SITE, ERROR_VALUE = range(7)
-AT, ROWS, WIDTH, N_SEG, SEG_PTR, SEG_ROWS = range(7, 13)
+AT, ROWS, SEG_KEY, N_SEG, SEG_START, SEG_ROWS = range(7, 13)  # SEG_*: each segment's stream key, first value, rows
 N_SITES, SITES, GROUPS, SUMS, LEARNED, N_LEARNED, LEARN_CAP = range(13, 20)
 PYTHON_APPLY, IS_HOST, IS_CONTIGUOUS, NATIVE, ROW_K, ROW_V, PREFIX_K, PREFIX_V = range(20, 28)
 WRITES, WRITES_CAP, N_WRITES, INDEX_KEYS, INDEX_ROWS, INDEX_CAP, N_INDEX, TENSOR_GET = range(28, 36)
 ATTN, ATTN_STRIDE, N_ATTN, ATTN_N_KV, ATTN_HEADS = range(36, 41)  # attention sums (kvinject/attention.py)
 MASK, OUTSIDE_SUMS = range(41, 43)  # --positions: which rows get the error (0: all), sums of the others
-HEADER = 43
+LAW = 43  # the factors' law (kind, a, b as float64)
+HEADER = 44
 
 # Modes.
 RUN, LEARN = 0, 1
@@ -69,7 +73,9 @@ def _pointer_to(element: types.Type):
     return pointer
 
 
-_i64, _i32, _u32, _u8, _f32, _f64 = (_pointer_to(t) for t in (types.int64, types.int32, types.uint32, types.uint8, types.float32, types.float64))
+_i64, _u64, _i32, _u32, _u8, _f32, _f64 = (
+    _pointer_to(t) for t in (types.int64, types.uint64, types.int32, types.uint32, types.uint8, types.float32, types.float64)
+)
 
 
 @intrinsic
@@ -202,62 +208,64 @@ def _perturb(head, t, site):
         return
     x = carray(_f32(carray(_i64(t + _DATA), 1)[0]), n)
     sums = carray(_f64(head[SUMS]), (2, N_SUMS))[component]
-    seg_ptr = carray(_i64(head[SEG_PTR]), head[N_SEG])
+    seg_key = carray(_u64(head[SEG_KEY]), head[N_SEG])
+    seg_start = carray(_i64(head[SEG_START]), head[N_SEG])
     seg_rows = carray(_i64(head[SEG_ROWS]), head[N_SEG])
+    law = carray(_f64(head[LAW]), 3)
     mask = carray(_u8(head[MASK]), head[ROWS] if head[MASK] != 0 else 0)
     outside = carray(_f64(head[OUTSIDE_SUMS]), (2, N_SUMS))[component]
-    _multiply(x, row, at, head[WIDTH], seg_ptr, seg_rows, mask, sums, outside)
+    _multiply(x, row, at, seg_key, seg_start, seg_rows, np.int64(law[0]), np.float32(law[1]), np.float32(law[2]), mask, sums, outside)
 
 
 @njit(cache=True)
-def _multiply(x, row, at, width, seg_ptr, seg_rows, mask, sums, outside):
-    """x *= noise, row by row, each segment's rows reading its own block of noise from
-    component ``at`` on; and the realized-error sums of what changed. Rows that ``mask``
-    (when given) leaves out keep their values (their noise, drawn all the same, goes unused);
-    they count in the sums as unchanged, and in ``outside`` too."""
+def _multiply(x, row, at, seg_key, seg_start, seg_rows, kind, a, b, mask, sums, outside):
+    """x *= factor, row by row; each segment's rows take their factors from their stream's
+    values from ``seg_start + at * rows`` on, ``row`` per row (the layout of a block of
+    ``rows * width`` values, sites one after another); and the realized-error sums of what
+    changed. Rows that ``mask`` (when given) leaves out keep their values; they count in the
+    sums as unchanged, and in ``outside`` too."""
     changed = nonfinite = rel_n = flips = 0
     rel_sum = rel_sumsq = signal = noise = 0.0
     out_values = out_nonfinite = out_rel_n = 0
     out_signal = 0.0
     first = 0
-    for k in range(len(seg_ptr)):
-        rows = seg_rows[k]
-        block = carray(_f32(seg_ptr[k]), rows * width)
+    for k in range(len(seg_rows)):
+        rows, key = seg_rows[k], seg_key[k]
         for j in range(rows):
-            f = block[at * rows + j * row : at * rows + (j + 1) * row]
+            start = seg_start[k] + at * rows + j * row
             xs = x[(first + j) * row : (first + j + 1) * row]
             if len(mask) > 0 and mask[first + j] == 0:
                 out_values += row
                 for c in range(row):  # what the loop below adds for a factor of 1
-                    b = xs[c]
-                    if not np.isfinite(b):
+                    before = xs[c]
+                    if not np.isfinite(before):
                         nonfinite += 1
                         out_nonfinite += 1
                         continue
-                    signal += np.float64(b) * np.float64(b)
-                    out_signal += np.float64(b) * np.float64(b)
-                    if b != 0:
+                    signal += np.float64(before) * np.float64(before)
+                    out_signal += np.float64(before) * np.float64(before)
+                    if before != 0:
                         rel_n += 1
                         out_rel_n += 1
                 continue
             for c in range(row):
-                b = xs[c]
-                a = b * f[c]
-                xs[c] = a
-                if a != b:
+                before = xs[c]
+                after = before * factor(kind, a, b, hash_at(key, start + c))
+                xs[c] = after
+                if after != before:
                     changed += 1
-                if not np.isfinite(a):
+                if not np.isfinite(after):
                     nonfinite += 1
                     continue
-                d = np.float64(a) - np.float64(b)
-                signal += np.float64(b) * np.float64(b)
+                d = np.float64(after) - np.float64(before)
+                signal += np.float64(before) * np.float64(before)
                 noise += d * d
-                if b != 0:
-                    rel = d / np.float64(b)
+                if before != 0:
+                    rel = d / np.float64(before)
                     rel_n += 1
                     rel_sum += rel
                     rel_sumsq += rel * rel
-                    if np.float64(a) * np.float64(b) < 0:
+                    if np.float64(after) * np.float64(before) < 0:
                         flips += 1
         first += rows
     sums[0] += len(x)

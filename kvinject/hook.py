@@ -43,6 +43,7 @@ from .error_models import CacheResident, Draws, ErrorModel, Multiplicative
 from .exceptions import InjectionError, ModelError
 from .realized import Realized, RealizedStats, Workspace
 from .target import Target
+from .variates import Block, Variates
 
 # The Python side of changes the compiled callback hands back: (tensor, site, at).
 _APPLY = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
@@ -142,7 +143,10 @@ class KVHook:
         self._outside_sums = np.zeros((2, gc.N_SUMS), np.float64)
         self._total_outside = np.zeros((2, gc.N_SUMS), np.float64)
         self._python_outside = Realized.empty()
-        self._segments = np.zeros((2, 0), np.int64)  # noise block address and rows per segment
+        self._segments = np.zeros((3, 0), np.int64)  # per segment: stream key (bits), first value, rows
+        self._law = np.zeros(3, np.float64)
+        if isinstance(error, Multiplicative):
+            self._law[:] = error.law
         self._python_apply = _APPLY(self._apply)
         self._head = head = np.zeros(gc.HEADER, np.int64)
         head[gc.RUN_SITE] = -1
@@ -151,7 +155,7 @@ class KVHook:
         head[gc.GROUPS] = self._groups.ctypes.data
         head[gc.SUMS] = self._sums.ctypes.data
         head[gc.OUTSIDE_SUMS] = self._outside_sums.ctypes.data
-        head[gc.WIDTH] = self._width
+        head[gc.LAW] = self._law.ctypes.data
         head[gc.ROW_K], head[gc.ROW_V] = row_k, row_v
         head[gc.PREFIX_K], head[gc.PREFIX_V] = (gc.prefix(self._node_name(c, 0)) for c in "kv")
         head[gc.NATIVE] = isinstance(error, Multiplicative)
@@ -170,7 +174,7 @@ class KVHook:
         evicts by attention; ``n_cells``: the context's cells)."""
         self.attention = AttentionSums(self._head, n_cells)
 
-    def stream(self, rng: np.random.Generator, tokens: int | None = None) -> Draws | None:
+    def stream(self, rng: np.random.Generator, tokens: int | None = None) -> Draws | Variates | None:
         """A noise stream for one benchmark item of ``tokens`` prompt tokens, if known (None for
         error models without randomness)."""
         return self.error.stream(rng, tokens * self._width if tokens is not None else None)
@@ -197,13 +201,14 @@ class KVHook:
         if not self.error.random or self.writes is not None:  # a cache-resident model draws its own
             head[gc.N_SEG] = 0
             return
-        self._noise = noise = _DecodeNoise([(draws.take(rows * self._width), rows) for draws, rows in segments])
+        self._noise = noise = _DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments])
+        if not head[gc.NATIVE]:
+            return
         if self._segments.shape[1] < len(segments):
-            self._segments = np.zeros((2, 2 * len(segments)), np.int64)
-            head[gc.SEG_PTR], head[gc.SEG_ROWS] = (a.ctypes.data for a in self._segments)
+            self._segments = np.zeros((3, 2 * len(segments)), np.int64)
+            head[gc.SEG_KEY], head[gc.SEG_START], head[gc.SEG_ROWS] = (a.ctypes.data for a in self._segments)
         for i, (block, rows) in enumerate(noise.blocks):
-            self._segments[0, i] = block.__array_interface__["data"][0]
-            self._segments[1, i] = rows
+            self._segments[:, i] = np.uint64(block.variates.key).view(np.int64), block.start, rows
         head[gc.N_SEG] = len(segments)
 
     @staticmethod
@@ -429,13 +434,13 @@ class _Staging:
 class _DecodeNoise:
     """The noise of one decode for error models applied in Python, site by site.
 
-    Each segment's stream gave ``rows * width`` values (``blocks``); a site whose rows hold
-    ``r`` components each takes ``r`` per row from component ``at`` on, the layout the
-    compiled callback reads too, so a stream is consumed site by site exactly as when its
-    rows are decoded alone.
+    Each segment's stream reserved ``rows * width`` values (``blocks``: arrays, or blocks of
+    kvinject/variates.py computed when sliced); a site whose rows hold ``r`` components each
+    takes ``r`` per row from component ``at`` on, the layout the compiled callback reads too,
+    so a stream is consumed site by site exactly as when its rows are decoded alone.
     """
 
-    def __init__(self, blocks: list[tuple[np.ndarray, int]]):
+    def __init__(self, blocks: list[tuple[np.ndarray | Block, int]]):
         self.blocks = blocks
         self._rows = sum(rows for _, rows in blocks)
         self.at = 0  # components per row consumed before the current site

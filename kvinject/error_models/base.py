@@ -1,9 +1,11 @@
 """The error-model base: the registry, spec parsing, and the noise streams models draw from.
 
 Each model is a small frozen dataclass registered under a name, parsed from a spec such as
-``normal:0,0.25`` and applied in place to a float32 array of K or V rows. Models that need
-randomness draw it in large blocks (``draw``) from a :class:`Draws` stream, so the hook pays
-for one slice per cache write instead of one random-number call.
+``normal:0,0.25`` and applied in place to a float32 array of K or V rows. Multiplicative
+models give a law whose factors the compiled callback computes as it applies them
+(kvinject/variates.py); other models that need randomness draw it in large blocks (``draw``)
+from a :class:`Draws` stream, so the hook pays for one slice per cache write instead of one
+random-number call.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from ..exceptions import SpecError
 from ..values import parse_float, parse_int
+from ..variates import Variates
 
 if TYPE_CHECKING:
     from ..model import Model
@@ -43,6 +46,10 @@ class Draws:
         self._rng = rng
         self._block = draw(rng, BLOCK)
         self._pos = 0
+
+    def block(self, n: int) -> np.ndarray:
+        """The next ``n`` values (as :meth:`Variates.block`)."""
+        return self.take(n)
 
     def take(self, n: int) -> np.ndarray:
         if self._pos + n <= len(self._block):
@@ -157,9 +164,22 @@ def _convert(model: str, field: str, typ: object, text: str) -> object:
 
 
 class Multiplicative(ErrorModel):
-    """kv = kv * factor, with one random factor per component drawn by ``draw``."""
+    """kv = kv * factor, one random factor per component under ``law`` (kvinject/variates.py),
+    which the compiled callback computes as it multiplies."""
 
-    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+    @property
+    @abstractmethod
+    def law(self) -> tuple[int, float, float]:
+        """``(kind, a, b)``, a law of kvinject/variates.py."""
+
+    @property
+    def random(self) -> bool:
+        return True
+
+    def stream(self, rng: np.random.Generator, horizon: int | None) -> Variates:
+        return Variates(self.law, int(rng.integers(0, 2**64, dtype=np.uint64)))
+
+    def apply(self, x: np.ndarray, draws: Draws | Variates | None) -> None:
         x *= draws.take(x.size).reshape(x.shape)
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
-
 from ..exceptions import SpecError
+from ..variates import NORMAL, UNIFORM
 from .base import Multiplicative, register
 
 
@@ -25,9 +24,9 @@ class Uniform(Multiplicative):
         if self.b < self.a:
             raise SpecError(f"'uniform': need A <= B, got A={self.a}, B={self.b}")
 
-    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        u = rng.random(n, dtype=np.float32)
-        return np.float32(1 + self.a) + np.float32(self.b - self.a) * u
+    @property
+    def law(self) -> tuple[int, float, float]:
+        return UNIFORM, 1 + self.a, self.b - self.a
 
 
 @register
@@ -44,8 +43,6 @@ class Normal(Multiplicative):
         if self.std < 0:
             raise SpecError(f"'normal': STD must be >= 0, got {self.std}")
 
-    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        z = rng.standard_normal(n, dtype=np.float32)
-        z *= np.float32(self.std)
-        z += np.float32(1 + self.mean)
-        return z
+    @property
+    def law(self) -> tuple[int, float, float]:
+        return NORMAL, 1 + self.mean, self.std

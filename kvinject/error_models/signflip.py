@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
-
 from ..exceptions import SpecError
+from ..variates import SIGN
 from .base import Multiplicative, register
 
 
@@ -24,6 +23,6 @@ class SignFlip(Multiplicative):
         if not 0 <= self.p <= 1:
             raise SpecError(f"'signflip': P must be in [0, 1], got {self.p}")
 
-    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        flip = rng.random(n, dtype=np.float32) < self.p
-        return np.where(flip, np.float32(-1), np.float32(1))
+    @property
+    def law(self) -> tuple[int, float, float]:
+        return SIGN, self.p, 0.0

@@ -6,7 +6,8 @@ calls again with the data (``ask=False``). Each layer ``il`` names the K it stor
 ``Kcur-il`` and the V ``Vcur-il``; consecutive nodes share that name (projection, reshape,
 RoPE), and some architectures reuse it for a later run (Gemma normalizes K under another
 name, then names the RoPE output ``Kcur-il`` again). The value the cache write reads is
-the last node of the last run.
+the last node of the last run; a model that quantizes K before RoPE (kvquant) has K changed
+at the node the layer's RoPE reads instead (:meth:`Plan.learn`).
 
 So the hook first learns the graph (:meth:`KVHook.learn`, one decode that claims nothing):
 the runs of each name, the op that ends the last one, and what each node reads. Every claim

@@ -23,7 +23,7 @@ def bits_per_element(
     total = 0.0
     for component, row, cache_type in (("k", row_k, cache.type_k), ("v", row_v, cache.type_v)):
         stored = BITS_PER_VALUE[cache_type]
-        compressed = min(stored, error.bits_per_element(stored, component, lengths))
+        compressed = min(stored, error.bits_per_element(stored, component, lengths, row))
         targeted = sum(target.wants(component, il) for il in range(n_layer)) if error.injects else 0
         total += row * (targeted * compressed + (n_layer - targeted) * stored)
     kept_fraction = sum(kept) / sum(lengths) if sum(kept) else 1.0

@@ -84,7 +84,7 @@ class Context:
             self.error.check(model, self.target, self.cache)
         self.hook = (
             KVHook(
-                self.error,
+                self.error.fit(model, self.cache),
                 self.target,
                 model.n_layer,
                 model.n_head_kv * model.head_dim_k,
@@ -99,6 +99,8 @@ class Context:
         self._noise: dict[int, Draws | Variates | None] = {}
         self._sampling: dict[int, np.random.Generator] = {}
         self._spans: dict[int, Spans] = {}  # the spans --positions may name, per sequence
+        self._lengths: dict[int, int] = {}  # tokens decoded per sequence, for bits per element
+        self._finished: list[int] = []  # and of the sequences forgotten
         self._seed(0, [seed, run])
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -155,9 +157,15 @@ class Context:
     def forget(self, seq: int) -> None:
         """Remove one sequence's cells from the cache."""
         self._spans.pop(seq, None)
+        self._finish(seq)
         ll.llama_memory_seq_rm(ll.llama_get_memory(self._ptr), seq, -1, -1)
         if self.resident is not None:
             self.resident.forget(seq)
+
+    def _finish(self, seq: int) -> None:
+        n = self._lengths.pop(seq, 0)
+        if n:
+            self._finished.append(n)
 
     def close(self) -> None:
         if self._ptr:
@@ -181,7 +189,7 @@ class Context:
     @property
     def bits_per_element(self) -> float:
         m = self.model
-        lengths, kept = (self.resident.lengths, self.resident.kept) if self.resident is not None else ((), ())
+        lengths, kept = (self.resident.lengths, self.resident.kept) if self.resident is not None else ((*self._finished, *self._lengths.values()), ())
         return bits_per_element(self.error, self.target, self.cache, m.n_layer, m.n_head_kv * m.head_dim_k, m.n_head_kv * m.head_dim_v, lengths, kept)
 
     @property
@@ -195,6 +203,8 @@ class Context:
 
     def clear(self) -> None:
         self._spans.clear()
+        for seq in list(self._lengths):
+            self._finish(seq)
         ll.llama_memory_clear(ll.llama_get_memory(self._ptr), True)
         if self.resident is not None:
             self.resident.clear()
@@ -222,6 +232,8 @@ class Context:
         if self.hook is not None:
             self.hook.layout(self._segments(entries), self._selected(entries))
         self._llama_decode(entries)
+        for _, pos, seq, _ in entries:
+            self._lengths[seq] = max(self._lengths.get(seq, 0), pos + 1)
         if self.hook is not None:
             writes = self.hook.finish_decode()
             if self.resident is not None:  # after the decode, as KIVI quantizes after each step's attention
@@ -241,17 +253,20 @@ class Context:
         return [(draws, rows) for draws, rows in segments]
 
     def _selected(self, entries: Sequence[tuple[int, int, int, bool]]) -> np.ndarray | None:
-        """The rows of the decode that ``--positions`` selects (None: all, without it)."""
-        positions = self.target.positions
-        if positions is None:
+        """The rows of the decode that ``--positions`` selects and the error model's attention
+        sinks leave out (None: all)."""
+        positions, sinks = self.target.positions, self.error.sink_tokens
+        if positions is None and not sinks:
             return None
         pos = np.array([p for _, p, _, _ in entries], np.int64)
+        if positions is None:
+            return pos >= sinks
         seqs = np.array([s for _, _, s, _ in entries], np.int64)
         mask = np.empty(len(entries), bool)
         for seq in np.unique(seqs).tolist():
             rows = seqs == seq
             mask[rows] = positions.select(pos[rows], self._spans.get(seq, {}))
-        return mask
+        return mask & (pos >= sinks)
 
     def logits(self, i: int) -> np.ndarray:
         """The logits of the i-th batch entry of the last decode (-1: the last with logits)."""

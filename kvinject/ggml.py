@@ -19,6 +19,7 @@ GGML_MAX_NAME = 64
 GGML_TYPE_F32 = 0
 GGML_TYPE_I64 = 27
 GGML_OP_SET_ROWS = 42  # the op that writes K and V into the cache (checked in check_layout)
+GGML_OP_ROPE = 48  # the rotary embedding, before which kvquant claims K (checked in check_layout)
 
 # GGML type ids of the cache types llama.cpp accepts for K and V.
 CACHE_TYPES = {
@@ -112,7 +113,7 @@ def check_layout(ptr: int) -> None:
     nbytes = lib().ggml_nbytes(ptr)
     name = lib().ggml_get_name(ptr)
     wrong_size = t.type == GGML_TYPE_F32 and lib().ggml_is_contiguous(ptr) and nbytes != 4 * numel(t)
-    if name != t.name or wrong_size or lib().ggml_op_name(GGML_OP_SET_ROWS) != b"SET_ROWS":
+    if name != t.name or wrong_size or lib().ggml_op_name(GGML_OP_SET_ROWS) != b"SET_ROWS" or lib().ggml_op_name(GGML_OP_ROPE) != b"ROPE":
         raise ModelError(
             "this llama-cpp-python's ggml tensor layout is not the one kvinject supports "
             f"(llama-cpp-python {llama_cpp.__version__}); install llama-cpp-python==0.3.36"

@@ -42,14 +42,15 @@ WRITES, WRITES_CAP, N_WRITES, INDEX_KEYS, INDEX_ROWS, INDEX_CAP, N_INDEX, TENSOR
 ATTN, ATTN_STRIDE, N_ATTN, ATTN_N_KV, ATTN_HEADS = range(36, 41)  # attention sums (kvinject/attention.py)
 MASK, OUTSIDE_SUMS = range(41, 43)  # --positions: which rows get the error (0: all), sums of the others
 LAW = 43  # the factors' law (kind, a, b as float64)
-HEADER = 44
+PRE_ROPE = 44  # K claimed before RoPE: a rope node starts a run, and K's names may carry a tag (Kcur_normed-<il>)
+HEADER = 45
 
 # Modes.
 RUN, LEARN = 0, 1
 
 # Per-site columns: the plan, then what one decode did (from SEEN on).
-WANTED, N_RUNS, FINAL_OP, GROUP_START, GROUP_LEN, SEEN, PENDING, HITS = range(8)
-SITE_COLUMNS = 8
+WANTED, N_RUNS, CLAIM_RUN, FINAL_OP, GROUP_START, GROUP_LEN, SEEN, PENDING, HITS = range(9)
+SITE_COLUMNS = 9
 
 # Error codes, turned into exceptions by the hook after the decode.
 MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW, WRITES_OVERFLOW, BAD_INDEX, BAD_SOFT_MAX = 1, 2, 3, 4, 5, 6, 7
@@ -120,14 +121,25 @@ def _site(head, t):
         component = 1
     else:
         return -1
+    start = 5
     if name[4] != 45:  # '-'
-        return -1
+        if component != 0 or head[PRE_ROPE] == 0 or name[4] != 95:  # '_': K's tagged names, before RoPE only
+            return -1
+        start = 0
+        for i in range(5, 15):
+            if name[i] == 45:
+                start = i + 1
+                break
+            if name[i] != 95 and (name[i] < 97 or name[i] > 122):  # a tag of lower-case letters and '_'
+                return -1
+        if start == 0:
+            return -1
     layer = 0
-    for i in range(5, 16):
+    for i in range(start, 16):
         c = name[i]
         if c == 0:
             site = 2 * layer + component
-            return site if i > 5 and site < head[N_SITES] else -1
+            return site if i > start and site < head[N_SITES] else -1
         if c < 48 or c > 57:
             return -1
         layer = layer * 10 + (c - 48)
@@ -146,28 +158,30 @@ def _ask(head, t):
     site = _site(head, t)
     if site >= 0 and sites[site, WANTED] == 0:
         site = -1
-    if site != head[RUN_SITE]:
+    op = carray(_i32(t + _OP), 1)[0]
+    if site != head[RUN_SITE] or (site >= 0 and head[PRE_ROPE] != 0 and op == ggml.GGML_OP_ROPE):
         if head[RUN_SITE] >= 0:
             _end_run(head, sites)
         if site < 0:
             return 0
         head[RUN_SITE] = site
     head[RUN_LAST] = t
-    op = carray(_i32(t + _OP), 1)[0]
     return 1 if sites[site, GROUP_LEN] > 0 and sites[site, FINAL_OP] == op else 0
 
 
 @njit(cache=True)
 def _end_run(head, sites):
-    """A run of nodes named for ``site`` ended: at its last run, change what its claim changes."""
+    """A run of nodes named for ``site`` ended: at its claimed run (the last, or before RoPE),
+    change what its claim changes."""
     site, last = head[RUN_SITE], head[RUN_LAST]
     head[RUN_SITE] = -1
     sites[site, SEEN] += 1
-    if sites[site, SEEN] < sites[site, N_RUNS]:
+    seen = sites[site, SEEN]
+    if seen < sites[site, CLAIM_RUN] or sites[site, CLAIM_RUN] < seen <= sites[site, N_RUNS]:
         return
     start, count = sites[site, GROUP_START], sites[site, GROUP_LEN]
     groups = carray(_i64(head[GROUPS]), head[N_SITES])
-    bad = sites[site, SEEN] > sites[site, N_RUNS]
+    bad = seen > sites[site, N_RUNS]
     if count > 0 and head[COMPUTED] != last:
         bad = True
     for g in range(start, start + count - 1):

@@ -6,7 +6,8 @@ calls again with the data (``ask=False``). Each layer ``il`` names the K it stor
 ``Kcur-il`` and the V ``Vcur-il``; consecutive nodes share that name (projection, reshape,
 RoPE), and some architectures reuse it for a later run (Gemma normalizes K under another
 name, then names the RoPE output ``Kcur-il`` again). The value the cache write reads is
-the last node of the last run.
+the last node of the last run; a model that quantizes K before RoPE (kvquant) has K changed
+at the node the layer's RoPE reads instead (:meth:`Plan.learn`).
 
 So the hook first learns the graph (:meth:`KVHook.learn`, one decode that claims nothing):
 the runs of each name, the op that ends the last one, and what each node reads. Every claim
@@ -29,7 +30,8 @@ claims nothing: the callback records where each decode wrote K and V
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, replace
+import re
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -47,6 +49,7 @@ from .variates import Block, Variates
 
 # The Python side of changes the compiled callback hands back: (tensor, site, at).
 _APPLY = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
+_TAGGED_K = re.compile(rb"Kcur_[a-z_]{0,9}-(\d+)")  # what the compiled callback's _site takes for K before RoPE
 LEARN_CAPACITY = 1 << 17  # graph nodes recorded while learning (llama.cpp's graphs hold a few thousand)
 
 
@@ -70,18 +73,34 @@ class Plan:
     """Where to claim and what to change there, learned from one graph."""
 
     n_runs: dict[bytes, int]  # name -> how many runs of consecutive nodes carry it
-    final_op: dict[bytes, int]  # name -> op of the node the cache write reads
+    final_op: dict[bytes, int]  # name -> op of the node changed (the one the cache write reads, or RoPE reads)
     claims: dict[bytes, tuple[bytes, ...]]  # claimed name -> names changed at its claim, in graph order
+    claim_run: dict[bytes, int] = field(default_factory=dict)  # name -> the run (from 1) that ends at that node
 
     @classmethod
-    def learn(cls, nodes: list[GraphNode], sites: dict[bytes, tuple[str, int]]) -> Plan:
+    def learn(cls, nodes: list[GraphNode], sites: dict[bytes, tuple[str, int]], pre_rope: bool = False) -> Plan:
         """The plan for a graph (nodes in evaluation order) and the targeted ``sites``
-        (name -> (component, layer)); names not found in the graph are left out."""
+        (name -> (component, layer)); names not found in the graph are left out. With
+        ``pre_rope``, K is changed where its first RoPE node reads it: a rope node starts a run,
+        as in the compiled callback, and K may go by several names (the first given is its key)."""
+        first = {site: name for name, site in reversed(sites.items())}
+        key = {name: first[site] for name, site in sites.items()}
         ends: dict[bytes, list[int]] = {}  # name -> index of the last node of each run
         for i, node in enumerate(nodes):
-            if node.name in sites and (i + 1 == len(nodes) or nodes[i + 1].name != node.name):
-                ends.setdefault(node.name, []).append(i)
+            name = key.get(node.name)
+            if name is None:
+                continue
+            after = nodes[i + 1] if i + 1 < len(nodes) else None
+            if after is None or key.get(after.name) != name or (pre_rope and after.op == ggml.GGML_OP_ROPE):
+                ends.setdefault(name, []).append(i)
         final = {name: idx[-1] for name, idx in ends.items()}
+        claim_run = {name: len(idx) for name, idx in ends.items()}
+        for name, idx in ends.items() if pre_rope else ():
+            if sites[name][0] == "k":
+                rope = next((i for i in idx if i + 1 < len(nodes) and nodes[i + 1].op == ggml.GGML_OP_ROPE and nodes[i].ptr in nodes[i + 1].reads), None)
+                if rope is None:
+                    raise ModelError(f"no RoPE node of this model's graph reads '{name.decode()}': K cannot be changed before RoPE (use site=post-rope)")
+                final[name], claim_run[name] = rope, idx.index(rope) + 1
         layers: dict[int, list[bytes]] = {}
         for name in sorted(final, key=final.get):
             layers.setdefault(sites[name][1], []).append(name)
@@ -95,7 +114,7 @@ class Plan:
                 else:
                     together.append(name)
             claims[last] = (*together, last)
-        return cls({n: len(idx) for n, idx in ends.items()}, {n: nodes[i].op for n, i in final.items()}, claims)
+        return cls({n: len(idx) for n, idx in ends.items()}, {n: nodes[i].op for n, i in final.items()}, claims, claim_run)
 
 
 class KVHook:
@@ -159,6 +178,7 @@ class KVHook:
         head[gc.ROW_K], head[gc.ROW_V] = row_k, row_v
         head[gc.PREFIX_K], head[gc.PREFIX_V] = (gc.prefix(self._node_name(c, 0)) for c in "kv")
         head[gc.NATIVE] = isinstance(error, Multiplicative)
+        head[gc.PRE_ROPE] = error.pre_rope
         head[gc.PYTHON_APPLY] = ctypes.cast(self._python_apply, ctypes.c_void_p).value
         head[gc.IS_HOST], head[gc.IS_CONTIGUOUS] = (
             ctypes.cast(fn, ctypes.c_void_p).value for fn in (ggml.lib().ggml_backend_buffer_is_host, ggml.lib().ggml_is_contiguous)
@@ -234,7 +254,13 @@ class KVHook:
         if ptrs:
             ggml.check_layout(ptrs[0])
         nodes = [GraphNode.read(ptr) for ptr in ptrs]
-        self.plan = Plan.learn(nodes, self._names)
+        names = dict(self._names)
+        if self.error.pre_rope:  # K as RoPE reads it may carry a tag (Gemma's Kcur_normed-<il>), as the callback allows
+            for node in nodes:
+                m = _TAGGED_K.fullmatch(node.name)
+                if m and len(node.name) < 16 and ("k", int(m[1])) in self._expected:
+                    names.setdefault(node.name, ("k", int(m[1])))
+        self.plan = Plan.learn(nodes, names, self.error.pre_rope)
         missing = sorted(self._names[n] for n in set(self._names) - set(self.plan.n_runs))
         if missing:
             raise ModelError(
@@ -243,7 +269,7 @@ class KVHook:
                 "architecture names its K/V nodes differently and is not supported yet"
             )
         for name, (c, il) in self._names.items():
-            self._sites[_site(c, il), [gc.N_RUNS, gc.FINAL_OP]] = self.plan.n_runs[name], self.plan.final_op[name]
+            self._sites[_site(c, il), [gc.N_RUNS, gc.CLAIM_RUN, gc.FINAL_OP]] = self.plan.n_runs[name], self.plan.claim_run[name], self.plan.final_op[name]
         at = 0
         for claimed, together in self.plan.claims.items():
             row = self._sites[_site(*self._names[claimed])]
@@ -257,12 +283,12 @@ class KVHook:
         try:
             if self._noise is not None:
                 self._noise.at = at
-            self._perturb(ptr, "kv"[site & 1])
+            self._perturb(ptr, "kv"[site & 1], site // 2)
         except BaseException as e:  # an exception must not cross into C; raised after the decode
             if self._error is None:
                 self._error = e
 
-    def _perturb(self, ptr: int, component: str) -> None:
+    def _perturb(self, ptr: int, component: str, layer: int) -> None:
         t = ggml.tensor(ptr)
         x = self._host_rows.get((ptr, t.data, t.ne[2], t.ne[3]))
         if x is None:
@@ -273,7 +299,7 @@ class KVHook:
         if isinstance(x, np.ndarray):  # host memory: change it in place
             before, after = self._staged[component].slots(x.size)
             np.copyto(before, x.reshape(-1))
-            self.error.apply(x, self._noise)
+            self.error.apply_at(x, self._noise, component, layer)
             if keep is not None:
                 x[keep] = before.reshape(x.shape)[keep]
             np.copyto(after, x.reshape(-1))
@@ -281,7 +307,7 @@ class KVHook:
             before, after = self._staged[component].slots(x[0] * x[1])
             ggml.lib().ggml_backend_tensor_get(ptr, before.ctypes.data, 0, before.nbytes)
             np.copyto(after, before)
-            self.error.apply(after.reshape(x), self._noise)
+            self.error.apply_at(after.reshape(x), self._noise, component, layer)
             if keep is not None:
                 after.reshape(x)[keep] = before.reshape(x)[keep]
             ggml.lib().ggml_backend_tensor_set(ptr, after.ctypes.data, 0, after.nbytes)

@@ -110,12 +110,17 @@ class ErrorModel(ABC):
     def injects(self) -> bool:
         return True
 
-    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = ()) -> float:
+    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         """Bits per element of K or V (``component``) a compressor producing this model's values
         would store, scales and zero points included, when the cache stores ``stored`` bits per
-        element and holds sequences of ``lengths`` tokens (none known: long ones). Noise and
-        faults compress nothing."""
+        element and holds sequences of ``lengths`` tokens (none known: long ones) in rows of
+        ``row`` components (0: not known). Noise and faults compress nothing."""
         return stored
+
+    @property
+    def pre_rope(self) -> bool:
+        """Change K where RoPE reads it rather than where the cache write does (kvinject/hook.py)."""
+        return False
 
     @property
     def cache_free(self) -> bool:
@@ -137,6 +142,21 @@ class ErrorModel(ABC):
     @abstractmethod
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         """Change ``x`` (float32, shape (rows, components)) in place."""
+
+    def apply_at(self, x: np.ndarray, draws: Draws | None, component: str, layer: int) -> None:
+        """:meth:`apply` to the K or V rows (``component``) of one layer, for models whose
+        parameters differ from layer to layer."""
+        self.apply(x, draws)
+
+    def fit(self, model: Model, cache: CacheOptions) -> ErrorModel:
+        """The model as a context of ``model`` applies it: calibrated on the model where it needs
+        to be (kvquant's K ranges), itself otherwise."""
+        return self
+
+    @property
+    def sink_tokens(self) -> int:
+        """The first positions of every sequence the model leaves exact (attention sinks)."""
+        return 0
 
 
 def row_groups(x: np.ndarray, size: int, what: str) -> np.ndarray:

@@ -124,7 +124,7 @@ class Evict(CacheResident):
         if self.attention and cache.flash_attn_type != 0:
             raise SpecError(f"'{self.name}:{self.method}' reads attention weights, which flash attention does not materialize: use --flash-attn off")
 
-    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = ()) -> float:
+    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         """The cache's bits; the kept share of the tokens scales them (kvinject.bits). With no
         run's lengths known, a ratio budget's share."""
         return stored if lengths or "." not in self.budget else stored * float(Fraction(self.budget))

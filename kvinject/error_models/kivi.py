@@ -79,7 +79,7 @@ class Kivi(CacheResident):
         R, V all but the last R."""
         return n // self.residual * self.residual if component == "k" else max(n - self.residual, 0)
 
-    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = ()) -> float:
+    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         """BITS plus an fp16 scale and minimum per group of G (as KIVI stores them); the exact
         window at the cache's bits, in the share it holds of ``lengths`` (none known: long sequences)."""
         quantized = self.bits + 32 / self.group

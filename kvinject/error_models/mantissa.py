@@ -24,7 +24,7 @@ class Mantissa(ErrorModel):
         if not 0 <= self.bits <= 23:
             raise SpecError(f"'mantissa': N must be in 0..23, got {self.bits}")
 
-    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = ()) -> float:
+    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         return 1 + 8 + self.bits  # sign, fp32's exponent, the mantissa bits kept
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:

@@ -61,7 +61,7 @@ class Minifloat(ErrorModel):
     def element_bits(self) -> int:
         return self._info.bits
 
-    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = ()) -> float:
+    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         return self.element_bits + (SCALE_BITS / self.block if self.block else 0)
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:

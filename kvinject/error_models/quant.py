@@ -29,7 +29,7 @@ class Quant(ErrorModel):
         if self.group < 1:
             raise SpecError(f"'quant': group must be >= 1, got {self.group}")
 
-    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = ()) -> float:
+    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         return self.bits + 16 / self.group  # an fp16 scale per group, as q8_0 and q4_0 store it
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:

@@ -43,7 +43,8 @@ ATTN, ATTN_STRIDE, N_ATTN, ATTN_N_KV, ATTN_HEADS = range(36, 41)  # attention su
 MASK, OUTSIDE_SUMS = range(41, 43)  # --positions: which rows get the error (0: all), sums of the others
 LAW = 43  # the factors' law (kind, a, b as float64)
 PRE_ROPE = 44  # K claimed before RoPE: a rope node starts a run, and K's names may carry a tag (Kcur_normed-<il>)
-HEADER = 45
+CLAIMS = 45  # claimed nodes computed so far: each one a graph split
+HEADER = 46
 
 # Modes.
 RUN, LEARN = 0, 1
@@ -162,9 +163,9 @@ def _ask(head, t):
     if site != head[RUN_SITE] or (site >= 0 and head[PRE_ROPE] != 0 and op == ggml.GGML_OP_ROPE):
         if head[RUN_SITE] >= 0:
             _end_run(head, sites)
-        if site < 0:
-            return 0
         head[RUN_SITE] = site
+    if site < 0:  # in no run (sites[-1] would read the last site's row and claim nodes of its op)
+        return 0
     head[RUN_LAST] = t
     return 1 if sites[site, GROUP_LEN] > 0 and sites[site, FINAL_OP] == op else 0
 
@@ -380,6 +381,7 @@ def callback(t, ask, user_data):
         if head[ATTN] != 0 and _is_soft_max(t):
             _add_attention(head, t)
         head[COMPUTED] = t
+        head[CLAIMS] += 1
         return 1
     if head[MODE] == LEARN:  # record every node, claim none
         n = head[N_LEARNED]

@@ -324,6 +324,11 @@ class KVHook:
         return x
 
     @property
+    def claims(self) -> int:
+        """Graph nodes claimed so far, each a split of llama.cpp's graph computation."""
+        return int(self._head[gc.CLAIMS])
+
+    @property
     def site_counts(self) -> dict[tuple[str, int], int]:
         """(component, layer) -> cache writes perturbed."""
         return {site: self._decodes for site in self._expected}

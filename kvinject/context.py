@@ -22,6 +22,7 @@ from .options import CacheOptions
 from .positions import Spans
 from .realized import Realized
 from .resident import ResidentCache
+from .residual import ResidualStream
 from .target import Target
 from .variates import Variates
 
@@ -55,7 +56,8 @@ class Context:
     ``n_seq`` sequences share the cache (``n_ctx`` cells in all, ``n_ctx // n_seq`` for
     each). Noise and sampling are seeded per sequence: by ``(seed, run, item)`` for the item
     started on it with :meth:`begin_item`, by ``(seed, run)`` for sequence 0 otherwise; the
-    same settings and seed reproduce exactly.
+    same settings and seed reproduce exactly. With ``residual``, each layer's output of every
+    decode can be read after it (:attr:`residual`, kvinject/residual.py).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class Context:
         n_ctx: int = 2048,
         n_seq: int = 1,
         n_batch: int = 512,
+        residual: bool = False,
     ):
         if seed < 0 or run < 0:
             raise SpecError(f"seeds and runs are integers >= 0, got seed {seed}, run {run}")
@@ -93,6 +96,7 @@ class Context:
             if self.error.injects
             else None
         )
+        self.residual = ResidualStream(model.n_layer, model.n_embd, self.hook.header if self.hook is not None else None) if residual else None
         self.seed, self.run = seed, run
         self.n_seq = n_seq
         self.n_ctx_seq = n_ctx // n_seq
@@ -115,6 +119,9 @@ class Context:
         if self.hook is not None:
             params.cb_eval = self.hook.callback
             params.cb_eval_user_data = self.hook.user_data
+        elif self.residual is not None:
+            params.cb_eval = self.residual.callback
+            params.cb_eval_user_data = self.residual.user_data
         with _rotation(self.cache.kv_rotation), captured_log() as self.creation_log:
             self._ptr = ll.llama_init_from_model(model.ptr, params)
         if not self._ptr:
@@ -231,6 +238,8 @@ class Context:
             raise ValueError(f"{len(entries)} tokens exceed the batch size {self.n_batch}")
         if self.hook is not None:
             self.hook.layout(self._segments(entries), self._selected(entries))
+        if self.residual is not None:
+            self.residual.layout(np.array([e[3] for e in entries], bool))
         self._llama_decode(entries)
         for _, pos, seq, _ in entries:
             self._lengths[seq] = max(self._lengths.get(seq, 0), pos + 1)

@@ -17,7 +17,8 @@ same pass, with their realized-error sums;
 anything else (other models, device memory) is handed back to a Python function. For
 cache-resident models it records instead where each decode writes K and V in the cache
 (:mod:`kvinject.cache_writes`), and for those that evict by attention it claims each layer's
-attention weights and sums them (:mod:`kvinject.attention`).
+attention weights and sums them (:mod:`kvinject.attention`). To measure layer-wise divergence
+it claims each layer's output, the residual stream, and copies it (:mod:`kvinject.residual`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ MASK, OUTSIDE_SUMS = range(41, 43)  # --positions: which rows get the error (0: 
 LAW = 43  # the factors' law (kind, a, b as float64)
 PRE_ROPE = 44  # K claimed before RoPE: a rope node starts a run, and K's names may carry a tag (Kcur_normed-<il>)
 CLAIMS = 45  # claimed nodes computed so far: each one a graph split
-HEADER = 46
+RESID, RESID_CAP, RESID_EMBD, RESID_LAYERS, RESID_TABLE = range(46, 51)  # each layer's output (kvinject/residual.py)
+HEADER = 51
 
 # Modes.
 RUN, LEARN = 0, 1
@@ -52,6 +54,9 @@ RUN, LEARN = 0, 1
 # Per-site columns: the plan, then what one decode did (from SEEN on).
 WANTED, N_RUNS, CLAIM_RUN, FINAL_OP, GROUP_START, GROUP_LEN, SEEN, PENDING, HITS = range(9)
 SITE_COLUMNS = 9
+
+# Columns of the residual table, per layer: rows copied, copies this decode, a copy refused (not f32 rows of RESID_EMBD).
+RESID_ROWS, RESID_COPIES, RESID_BAD = range(3)
 
 # Error codes, turned into exceptions by the hook after the decode.
 MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW, WRITES_OVERFLOW, BAD_INDEX, BAD_SOFT_MAX = 1, 2, 3, 4, 5, 6, 7
@@ -374,12 +379,54 @@ def _add_attention(head, t):
     head[ATTN_HEADS] = heads
 
 
+# llama.cpp's model graphs name each layer's output, the residual stream after attention and FFN, 'l_out-<il>'.
+_L_OUT = np.frombuffer(b"l_out-", np.uint8)
+
+
+@njit(cache=True)
+def _l_out_layer(t):
+    """The layer of an 'l_out-<il>' node, or -1."""
+    name = carray(_u8(t + _NAME), 16)
+    for i in range(6):
+        if name[i] != _L_OUT[i]:
+            return -1
+    layer = 0
+    for i in range(6, 16):
+        c = name[i]
+        if c == 0:
+            return layer if i > 6 else -1
+        if c < 48 or c > 57:
+            return -1
+        layer = layer * 10 + (c - 48)
+    return -1
+
+
+@njit(cache=True)
+def _copy_residual(head, t, layer):
+    """Copy a computed layer output, (rows, n_embd) f32, to the layer's slot of the residual buffer."""
+    table = carray(_i64(head[RESID_TABLE]), (head[RESID_LAYERS], 3))
+    ne = carray(_i64(t + _NE), 4)
+    rows, embd = head[RESID_CAP], head[RESID_EMBD]
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], t) != 0
+    if not ok or ne[0] != embd or ne[1] > rows or ne[2] * ne[3] != 1 or layer >= head[RESID_LAYERS]:
+        if layer < head[RESID_LAYERS]:
+            table[layer, RESID_BAD] = 1
+        return
+    _tensor_get(head[TENSOR_GET], t, head[RESID] + layer * rows * embd * 4, 0, ne[1] * embd * 4)  # host or device memory
+    table[layer, RESID_ROWS] = ne[1]
+    table[layer, RESID_COPIES] += 1
+
+
 @cfunc(types.uint8(types.int64, types.uint8, types.int64), cache=True)
 def callback(t, ask, user_data):
     head = carray(_i64(user_data), HEADER)
     if ask == 0:
         if head[ATTN] != 0 and _is_soft_max(t):
             _add_attention(head, t)
+        if head[RESID] != 0:
+            layer = _l_out_layer(t)
+            if layer >= 0:
+                _copy_residual(head, t, layer)
         head[COMPUTED] = t
         head[CLAIMS] += 1
         return 1
@@ -395,7 +442,10 @@ def callback(t, ask, user_data):
         _record(head, t)
     if head[ATTN] != 0 and _is_soft_max(t):  # claimed: its weights are summed once computed
         return 1
-    return _ask(head, t)
+    claimed = _ask(head, t)
+    if claimed == 0 and head[RESID] != 0 and _l_out_layer(t) >= 0:  # claimed: copied once computed
+        return 1
+    return claimed
 
 
 def prefix(name: bytes) -> int:

@@ -189,6 +189,11 @@ class KVHook:
         self.callback = ll.ggml_backend_sched_eval_callback(gc.callback.address)
         self.user_data = ctypes.c_void_p(head.ctypes.data)
 
+    @property
+    def header(self) -> np.ndarray:
+        """The compiled callback's state, which other readers of the graph share (kvinject/residual.py)."""
+        return self._head
+
     def attend(self, n_cells: int) -> None:
         """Read every layer's attention weights from the graph (a cache-resident model that
         evicts by attention; ``n_cells``: the context's cells)."""

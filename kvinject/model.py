@@ -152,6 +152,10 @@ class Model:
         return ll.llama_model_n_layer(self._ptr)
 
     @cached_property
+    def n_embd(self) -> int:
+        return ll.llama_model_n_embd(self._ptr)
+
+    @cached_property
     def n_head(self) -> int:
         return ll.llama_model_n_head(self._ptr)
 
@@ -247,9 +251,10 @@ class Model:
         n_ctx: int = 2048,
         n_seq: int = 1,
         n_batch: int = 512,
+        residual: bool = False,
     ) -> Context:
         """A llama context on this model with ``error``'s hook installed (see Context)."""
-        return Context(self, cache, error, target, seed, run, n_ctx, n_seq, n_batch)
+        return Context(self, cache, error, target, seed, run, n_ctx, n_seq, n_batch, residual)
 
 
 def versions() -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""Figures of a report: degradation curves, length x depth heatmaps, and the quality-versus-
-memory frontier. Matplotlib is optional (the ``plot`` extra) and imported only to draw."""
+"""Figures of a report: degradation curves, length x depth heatmaps, the quality-versus-
+memory frontier, sensitivity and divergence maps. Matplotlib is optional (the ``plot`` extra) and imported only to draw."""
 
 from __future__ import annotations
 
@@ -209,5 +209,34 @@ def outcomes(df: pd.DataFrame, path: Path) -> None:
         ax.set_ylim(0, 1)
         ax.set_title(f"{Path(str(model)).name}: {bench}, outcomes against the control", fontsize="small")
         ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def divergence_map(offsets: np.ndarray, grids: list[np.ndarray], labels: list[str], title: str, path: Path) -> None:
+    """Layer-wise divergence, layers (down) x positions from the first generated token (across),
+    a panel per configuration on one logarithmic scale; a distance of exactly 0 is white,
+    positions without a value (the last layer before the prompt's last token) grey."""
+    from matplotlib.colors import LogNorm
+
+    plt = _pyplot("--heatmap")
+    positive = np.concatenate([g[np.isfinite(g) & (g > 0)] for g in grids])
+    low, high = (positive.min(), positive.max()) if positive.size else (1e-9, 1.0)
+    norm = LogNorm(vmin=low, vmax=max(high, low * 10))
+    cmap = plt.get_cmap("magma_r").with_extremes(under="white", bad="lightgrey")
+    width = max(6.0, min(16.0, 0.08 * len(offsets) + 3))
+    fig, axes = plt.subplots(
+        len(grids), 1, figsize=(width, 0.12 * grids[0].shape[0] * len(grids) + 1.2 * len(grids) + 0.6), squeeze=False, layout="constrained"
+    )
+    for ax, grid, label in zip(axes[:, 0], grids, labels):
+        shown = np.where(grid == 0, low / 10, grid)  # exactly 0: below the scale, drawn white
+        image = ax.imshow(
+            shown, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest", extent=(offsets[0] - 0.5, offsets[-1] + 0.5, grid.shape[0] - 0.5, -0.5)
+        )
+        ax.set_ylabel("layer")
+        ax.set_title(label, fontsize="small")
+    axes[-1, 0].set_xlabel("position from the first generated token")
+    fig.suptitle(title, fontsize="small")
+    fig.colorbar(image, ax=axes[:, 0], label="||x - x_ref|| / ||x_ref||", extend="min")
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -25,27 +25,31 @@ if TYPE_CHECKING:
 MAX_PASS = 4096
 
 
-def pass_context(model: Model, cache: CacheOptions, n_ctx: int) -> Context:
+def pass_context(model: Model, cache: CacheOptions, n_ctx: int, residual: bool = False) -> Context:
     """A context for one-pass evaluation of one sequence of up to ``n_ctx`` tokens, without
-    error: its batch holds the whole sequence (up to MAX_PASS), one graph per pass."""
-    return model.context(cache, n_ctx=n_ctx, n_batch=min(n_ctx, MAX_PASS))
+    error: its batch holds the whole sequence (up to MAX_PASS), one graph per pass. With
+    ``residual``, each layer's output can be read after each piece (kvinject/residual.py)."""
+    return model.context(cache, n_ctx=n_ctx, n_batch=min(n_ctx, MAX_PASS), residual=residual)
+
+
+def pass_pieces(ctx: Context, prompt: Sequence[int], tokens: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """Decode prompt and tokens in one pass on an empty sequence 0, with logits from the prompt's
+    last token on; yield ``(first position, rows with logits)`` after each decode. A sequence
+    longer than the batch is decoded in pieces, each reading the pieces before it from the cache
+    (as chunked prefill)."""
+    ctx.forget(0)
+    seq = [*prompt, *tokens]
+    first = len(prompt) - 1
+    for start in range(0, len(seq), ctx.n_batch):
+        entries = [(t, start + j, 0, start + j >= first) for j, t in enumerate(seq[start : start + ctx.n_batch])]
+        ctx.decode(entries)
+        yield start, sum(e[3] for e in entries)
 
 
 def one_pass(ctx: Context, prompt: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
     """The logits after the prompt and after each token, ``(len(tokens) + 1, n_vocab)``, from
-    one pass over prompt and tokens on an empty sequence 0. A sequence longer than the batch is
-    decoded in pieces, each reading the pieces before it from the cache (as chunked prefill)."""
-    ctx.forget(0)
-    seq = [*prompt, *tokens]
-    first = len(prompt) - 1
-    rows = []
-    for start in range(0, len(seq), ctx.n_batch):
-        entries = [(t, start + j, 0, start + j >= first) for j, t in enumerate(seq[start : start + ctx.n_batch])]
-        ctx.decode(entries)
-        wanted = sum(e[3] for e in entries)
-        if wanted:
-            rows.append(ctx.output_logits(wanted).copy())
-    return np.concatenate(rows)
+    one pass over prompt and tokens (:func:`pass_pieces`)."""
+    return np.concatenate([ctx.output_logits(wanted).copy() for _, wanted in pass_pieces(ctx, prompt, tokens) if wanted])
 
 
 def greedy(rows: np.ndarray) -> np.ndarray:

@@ -309,14 +309,18 @@ def nanmean(values: list[float]) -> float:
 
 
 def divergence(control: list[list[int]], outputs: list[list[int]]) -> dict[str, float]:
-    """Share of outputs that differ from the control's, and the mean token position of the
-    first difference among those (the FP16-vs-FP32 cache studies measure exactly this)."""
-    firsts = []
+    """Share of outputs that differ from the control's, the mean token position of the first
+    difference among those (the FP16-vs-FP32 cache studies measure exactly this), and the mean
+    share of token positions where output and control agree, over the longer of the two (the
+    token match by which eviction studies such as seed 004's compare with the full cache)."""
+    firsts, matches = [], []
     for a, b in zip(control, outputs):
+        matches.append(sum(x == y for x, y in zip(a, b)) / max(len(a), len(b), 1))
         if a != b:
             n = min(len(a), len(b))
             firsts.append(next((i for i in range(n) if a[i] != b[i]), n))
     return {
         "diverged": len(firsts) / len(outputs) if outputs else float("nan"),
         "first_diff": float(np.mean(firsts)) if firsts else float("nan"),
+        "token_match": float(np.mean(matches)) if matches else float("nan"),
     }

@@ -172,7 +172,7 @@ def test_runs_under_the_control_and_an_error_on_the_tiny_model(tiny):
         assert len(result.texts) == 2 and "responses" in result.to_dict()
     outcomes = {"masked", "benign", "sdc", "due"}
     assert set(control.items) == scores and set(noisy.items) == scores | outcomes
-    assert control.extra == {} and set(noisy.extra) == {"diverged", "first_diff"} | outcomes
+    assert control.extra == {} and set(noisy.extra) == {"diverged", "first_diff", "token_match"} | outcomes
     assert 0 <= noisy.extra["diverged"] <= 1 and noisy.realized.k.values > 0
 
 

@@ -46,7 +46,8 @@ LAW = 43  # the factors' law (kind, a, b as float64)
 PRE_ROPE = 44  # K claimed before RoPE: a rope node starts a run, and K's names may carry a tag (Kcur_normed-<il>)
 CLAIMS = 45  # claimed nodes computed so far: each one a graph split
 RESID, RESID_CAP, RESID_EMBD, RESID_LAYERS, RESID_TABLE = range(46, 51)  # each layer's output (kvinject/residual.py)
-HEADER = 51
+QUEUE, N_QUEUED = range(51, 53)  # changes of one claim left to Python: (tensor, site, at) triples, how many
+HEADER = 53
 
 # Modes.
 RUN, LEARN = 0, 1
@@ -105,9 +106,10 @@ def _call_void(context, builder, signature, args):
 
 
 @intrinsic
-def _python_apply(typingctx, function, tensor, site, at):
-    """The hook's Python fallback ``(tensor, site, at)``, called through its ctypes address."""
-    return types.void(types.int64, types.int64, types.int64, types.int64), _call_void
+def _python_apply(typingctx, function, n):
+    """The hook's Python fallback for the first ``n`` (tensor, site, at) triples of its queue,
+    called through its ctypes address."""
+    return types.void(types.int64, types.int64), _call_void
 
 
 @intrinsic
@@ -205,6 +207,9 @@ def _end_run(head, sites):
         sites[s, PENDING] = 0
         _perturb(head, t, s)
         sites[s, HITS] += 1
+    if head[N_QUEUED] > 0:  # one call into Python per claim (K and V together): each costs microseconds
+        _python_apply(head[PYTHON_APPLY], head[N_QUEUED])
+        head[N_QUEUED] = 0
 
 
 @njit(cache=True)
@@ -224,7 +229,10 @@ def _perturb(head, t, site):
     head[AT] = at + row
     buffer = carray(_i64(t + _BUFFER), 1)[0]
     if head[NATIVE] == 0 or _ggml_test(head[IS_HOST], buffer) == 0:
-        _python_apply(head[PYTHON_APPLY], t, site, at)
+        queue = carray(_i64(head[QUEUE]), (head[N_SITES], 3))
+        i = head[N_QUEUED]
+        queue[i, 0], queue[i, 1], queue[i, 2] = t, site, at
+        head[N_QUEUED] = i + 1
         return
     x = carray(_f32(carray(_i64(t + _DATA), 1)[0]), n)
     sums = carray(_f64(head[SUMS]), (2, N_SUMS))[component]

@@ -47,8 +47,8 @@ from .realized import Realized, RealizedStats, Workspace
 from .target import Target
 from .variates import Block, Variates
 
-# The Python side of changes the compiled callback hands back: (tensor, site, at).
-_APPLY = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
+# The Python side of changes the compiled callback hands back: how many (tensor, site, at) it queued.
+_APPLY = ctypes.CFUNCTYPE(None, ctypes.c_int64)
 _TAGGED_K = re.compile(rb"Kcur_[a-z_]{0,9}-(\d+)")  # what the compiled callback's _site takes for K before RoPE
 LEARN_CAPACITY = 1 << 17  # graph nodes recorded while learning (llama.cpp's graphs hold a few thousand)
 
@@ -167,7 +167,9 @@ class KVHook:
         if isinstance(error, Multiplicative):
             self._law[:] = error.law
         self._python_apply = _APPLY(self._apply)
+        self._queue = np.zeros((2 * n_layer, 3), np.int64)
         self._head = head = np.zeros(gc.HEADER, np.int64)
+        head[gc.QUEUE] = self._queue.ctypes.data
         head[gc.RUN_SITE] = -1
         head[gc.N_SITES] = 2 * n_layer
         head[gc.SITES] = self._sites.ctypes.data
@@ -283,12 +285,13 @@ class KVHook:
                 self._groups[at] = _site(*self._names[name])
                 at += 1
 
-    def _apply(self, ptr: int, site: int, at: int) -> None:
-        """The Python side of a change the compiled callback does not make itself."""
+    def _apply(self, n: int) -> None:
+        """The Python side of the changes at one claim the compiled callback does not make itself."""
         try:
-            if self._noise is not None:
-                self._noise.at = at
-            self._perturb(ptr, "kv"[site & 1], site // 2)
+            for ptr, site, at in self._queue[:n].tolist():
+                if self._noise is not None:
+                    self._noise.at = at
+                self._perturb(ptr, "kv"[site & 1], site // 2)
         except BaseException as e:  # an exception must not cross into C; raised after the decode
             if self._error is None:
                 self._error = e

@@ -146,3 +146,32 @@ def test_perplexity_in_batches_of_contexts_gives_the_same_results(tiny, monkeypa
     for record in together + batched:
         record.pop("seconds")
     assert batched == together
+
+
+@pytest.mark.parametrize("step", [1, 7])
+def test_stepped_perplexity_matches_an_independent_per_position_computation(tiny, step):
+    """With ``step`` each chunk's first half is one decode and its scored half STEP tokens a
+    decode (7 leaves a shorter last step); recompute each scored position so, chunk by chunk
+    (one chunk a decode: llama.cpp's kernels sum in another order for other batch shapes)."""
+    from kvinject.data import read_text
+
+    (result,) = run(tiny, [Perplexity(chunks=1, ctx=64, step=step)], [CONTROL], runs=1)
+    piece = tiny.tokenize(read_text(None, "encyclopedia"), add_special=True, parse_special=False)[:64]
+    nll = []
+    with tiny.context(n_ctx=64, n_batch=64) as ctx:
+        ctx.decode([(t, pos, 0, False) for pos, t in enumerate(piece[:32])])
+        for start in range(32, 64, step):
+            ctx.decode([(piece[pos], pos, 0, True) for pos in range(start, min(start + step, 64))])
+            nll += [-log_softmax(ctx.logits(i))[piece[pos + 1]] for i, pos in enumerate(range(start, min(start + step, 63)))]
+    assert result.metrics["ppl"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-6)
+
+
+@pytest.mark.parametrize("spec", ["kivi:2,group=8,residual=8", "evict:window,16"])
+def test_cache_resident_compressors_change_perplexity_only_when_stepped(tiny, spec):
+    """A chunk decoded at once never reads its cache after KIVI or eviction acted on it: the
+    control's figures exactly. Stepped, the scored tokens attend to what they left."""
+    configs = [CONTROL, Configuration.parse(spec)]
+    control, at_once = (r.metrics for r in run(tiny, [Perplexity(chunks=2, ctx=64)], configs, runs=1))
+    _, stepped = (r.metrics for r in run(tiny, [Perplexity(chunks=2, ctx=64, step=1)], configs, runs=1))
+    assert at_once["ppl"] == control["ppl"] and abs(at_once["kld"]) < 1e-6 and at_once["same_top_p"] == 1
+    assert stepped["kld"] > 1e-4 and stepped["bits"] < 16

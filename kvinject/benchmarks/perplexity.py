@@ -9,6 +9,12 @@ Against the control's logits, computed in the same invocation and held one chunk
 (never written to disk), it also reports llama-perplexity --kl-divergence's statistics:
 mean KL divergence, "same top p" (argmax agreement) and RMS Δp (difference of the
 probability of the correct token).
+
+With ``step`` the first half of each chunk is decoded at once and the scored half STEP tokens a
+decode, so that a compressor acting on the cache between decodes (KIVI's quantized groups,
+eviction) changes what the scored tokens attend to, as StreamingLLM and KIVI measure
+perplexity with a cache. A chunk in one decode never reads its own cache after a compressor
+has acted, so KIVI and eviction leave llama-perplexity's figure unchanged.
 """
 
 from __future__ import annotations
@@ -53,6 +59,12 @@ class PerplexityOptions(Options):
     limit: int | None = option(None, "Chunks to evaluate (default: all); --chunks says the same.", minimum=1)
     chunks: int | None = option(None, "Chunks of --ctx tokens (default: all, or --limit).", minimum=1)
     ctx: int = option(512, "Chunk size in tokens, as llama-perplexity's --ctx-size.", minimum=8)
+    step: int | None = option(
+        None,
+        "Decode the scored half of each chunk STEP tokens at a time (1: token by token), so that kivi and evict act on "
+        "what it attends to; default: each chunk in one decode, as llama-perplexity.",
+        minimum=1,
+    )
 
 
 # Contexts computed side by side: at most MAX_BATCH, and as many as CONTEXT_MEMORY holds.
@@ -95,10 +107,14 @@ class Perplexity(Benchmark):
             "ctx": self.n_ctx,
             "chunks": len(self),
             "scored_per_chunk": self.n_ctx - 1 - self.n_ctx // 2,
-        }
+        } | ({"step": self.options.step} if self.options.step else {})
 
     def estimate_seconds(self, runs: int, speed: Speed) -> float:
-        return runs * speed.prefill((self.chunks or 100) * self.n_ctx)
+        chunks = self.chunks or 100
+        if self.options.step:
+            half = self.n_ctx - self.n_ctx // 2
+            return runs * speed.generation(chunks, self.n_ctx // 2, half)
+        return runs * speed.prefill(chunks * self.n_ctx)
 
     def prepare(self, model: Model) -> None:
         self._tokens = self.tokens(model)
@@ -117,7 +133,8 @@ class Perplexity(Benchmark):
         vocabulary), so a profile's 60 jobs at once took 7.7 GB. Each batch recomputes the
         control's probabilities, bit-identical, and its results are yielded when it ends."""
         tokens = self._tokens if self._tokens is not None else self.tokens(model)
-        n_seq = min(model.chunks_per_decode(self.n_ctx), len(self))
+        # Stepped chunks decode a few tokens each time: side by side, as generation does.
+        n_seq = min(model.chunks_per_decode(self.n_ctx) if not self.options.step else model.parallel, len(self))
         jobs = [(config, run) for config, runs in plan for run in runs]
         per_context = 2 * n_seq * self.n_ctx * model.n_vocab * 4  # the logits, and as much again for the rest
         size = max(2, min(MAX_BATCH, CONTEXT_MEMORY // per_context))
@@ -150,8 +167,7 @@ class Perplexity(Benchmark):
                     ctx.clear()
                     for s, chunk in enumerate(chunks):
                         ctx.begin_item(chunk, s, len(pieces[s]))
-                    ctx.decode(entries)
-                    logits = ctx.output_logits(len(pieces) * scored)
+                    logits = self._decode(ctx, entries, len(pieces), scratch)
                     for s in range(len(pieces)):
                         rows = logits[s * scored : (s + 1) * scored - 1]
                         if job == 0:  # the control, kept for the others to compare with
@@ -167,6 +183,24 @@ class Perplexity(Benchmark):
         for job, ((config, run), tally, ctx) in enumerate(zip(jobs, tallies, contexts)):
             if job or with_control:
                 yield self._result(config, run, tally, ctx)
+
+    def _decode(self, ctx, entries: list[tuple[int, int, int, bool]], n_seq: int, scratch: _Scratch) -> np.ndarray:
+        """The scored logits of ``n_seq`` chunks' entries, sequence by sequence: from one decode,
+        or with ``step`` the unscored half at once and then STEP scored positions a decode."""
+        n_ctx, first = self.n_ctx, self.n_ctx // 2
+        scored = n_ctx - first
+        step = self.options.step
+        if not step:
+            ctx.decode(entries)
+            return ctx.output_logits(n_seq * scored)
+        ctx.decode([e for e in entries if e[1] < first])
+        out = scratch.stepped(n_seq * scored)
+        for start in range(first, n_ctx, step):
+            stop = min(start + step, n_ctx)
+            ctx.decode([e for e in entries if start <= e[1] < stop])
+            logits = ctx.output_logits(n_seq * (stop - start)).reshape(n_seq, stop - start, -1)
+            out.reshape(n_seq, scored, -1)[:, start - first : stop - first] = logits
+        return out
 
     def _result(self, config: Configuration, run: int, tally: _Tally, ctx) -> RunResult:
         n = tally.count
@@ -205,6 +239,13 @@ class _Scratch:
     def __init__(self, rows: int, n_vocab: int):
         self.shifted = np.empty((rows, n_vocab), dtype=np.float32)
         self.work = np.empty_like(self.shifted)
+        self._stepped = np.empty((0, n_vocab), dtype=np.float32)
+
+    def stepped(self, rows: int) -> np.ndarray:
+        """Room for the scored logits of stepped decodes."""
+        if len(self._stepped) < rows:
+            self._stepped = np.empty((rows, self._stepped.shape[1]), dtype=np.float32)
+        return self._stepped[:rows]
 
 
 class _Base:

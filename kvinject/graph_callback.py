@@ -142,16 +142,32 @@ def _site(head, t):
                 return -1
         if start == 0:
             return -1
+    layer = _layer(name, start)
+    site = 2 * layer + component
+    return site if layer >= 0 and site < head[N_SITES] else -1
+
+
+@njit(cache=True)
+def _layer(name, start):
+    """The layer number a node name ends with, from ``start`` to its NUL, or -1."""
     layer = 0
     for i in range(start, 16):
         c = name[i]
         if c == 0:
-            site = 2 * layer + component
-            return site if i > start and site < head[N_SITES] else -1
+            return layer if i > start else -1
         if c < 48 or c > 57:
             return -1
         layer = layer * 10 + (c - 48)
     return -1
+
+
+@njit(cache=True)
+def _has_prefix(t, prefix):
+    name = carray(_u8(t + _NAME), 16)
+    for i in range(len(prefix)):
+        if name[i] != prefix[i]:
+            return False
+    return True
 
 
 @njit(cache=True)
@@ -357,11 +373,7 @@ _SOFT_MAX = np.frombuffer(b"kq_soft_max-", np.uint8)
 
 @njit(cache=True)
 def _is_soft_max(t):
-    name = carray(_u8(t + _NAME), 12)
-    for i in range(12):
-        if name[i] != _SOFT_MAX[i]:
-            return False
-    return True
+    return _has_prefix(t, _SOFT_MAX)
 
 
 @njit(cache=True)
@@ -394,19 +406,7 @@ _L_OUT = np.frombuffer(b"l_out-", np.uint8)
 @njit(cache=True)
 def _l_out_layer(t):
     """The layer of an 'l_out-<il>' node, or -1."""
-    name = carray(_u8(t + _NAME), 16)
-    for i in range(6):
-        if name[i] != _L_OUT[i]:
-            return -1
-    layer = 0
-    for i in range(6, 16):
-        c = name[i]
-        if c == 0:
-            return layer if i > 6 else -1
-        if c < 48 or c > 57:
-            return -1
-        layer = layer * 10 + (c - 48)
-    return -1
+    return _layer(carray(_u8(t + _NAME), 16), len(_L_OUT)) if _has_prefix(t, _L_OUT) else -1
 
 
 @njit(cache=True)

@@ -13,6 +13,11 @@ from .model import CPU_PARALLEL
 # cores; in between, a power law through those two points.
 PREFILL_TOK_S, DECODE_TOK_S = 180.0, 90.0
 PARALLEL_GAIN, PARALLEL_CAP = 1.6, 8
+# Those hold for prompts up to SHORT tokens; beyond, attention over the tokens before each one
+# adds its share: an 8K-token prefill runs at 90 tokens/s against 235 at 512, about 1.8 µs
+# more a token for every cached token before it, and a 1-sequence decode at 8K takes 96 ms
+# against 11, about 10 µs a cached token (docs/performance.md, "Long context").
+SHORT, PREFILL_ATTN_S, DECODE_ATTN_S = 512, 1.8e-6, 1.0e-5
 
 
 @dataclass(frozen=True)
@@ -24,10 +29,11 @@ class Speed:
         """Generated tokens/s over all sequences when ``parallel`` generate at once."""
         return DECODE_TOK_S * PARALLEL_GAIN ** (math.log(min(self.parallel, PARALLEL_CAP)) / math.log(PARALLEL_CAP))
 
-    def prefill(self, tokens: float) -> float:
-        """Seconds to evaluate ``tokens`` prompt or perplexity tokens."""
-        return tokens / PREFILL_TOK_S
+    def prefill(self, tokens: float, length: float = SHORT) -> float:
+        """Seconds to evaluate ``tokens`` prompt or perplexity tokens in prompts of ``length``."""
+        return tokens / PREFILL_TOK_S + PREFILL_ATTN_S * tokens * max(0.0, length - SHORT) / 2
 
     def generation(self, items: int, prompt_tokens: float, new_tokens: float) -> float:
         """Seconds for ``items`` generations of ``new_tokens`` after ``prompt_tokens`` each."""
-        return items * (prompt_tokens / PREFILL_TOK_S + new_tokens / self.decode_tok_s)
+        long = max(0.0, prompt_tokens - SHORT)
+        return items * (self.prefill(prompt_tokens, prompt_tokens) + new_tokens * (1 / self.decode_tok_s + DECODE_ATTN_S * long))

@@ -136,7 +136,9 @@ class Perplexity(Benchmark):
         # Stepped chunks decode a few tokens each time: side by side, as generation does.
         n_seq = min(model.chunks_per_decode(self.n_ctx) if not self.options.step else model.parallel, len(self))
         jobs = [(config, run) for config, runs in plan for run in runs]
-        per_context = 2 * n_seq * self.n_ctx * model.n_vocab * 4  # the logits, and as much again for the rest
+        # The logits of a decode (llama.cpp grows its output buffer to the most asked for), and as
+        # much again for the rest; stepped decodes ask for few, their chunks' logits are gathered once.
+        per_context = 2 * n_seq * (self.options.step or self.n_ctx) * model.n_vocab * 4
         size = max(2, min(MAX_BATCH, CONTEXT_MEMORY // per_context))
         rest = jobs[1:]
         for i in range(0, max(len(rest), 1), size - 1):

@@ -4,9 +4,10 @@
         [--prompt-tokens N] [--flash-attn off]
 
 For each number of sequences, one context per configuration holds the same prompt per sequence
-(a short sentence, or it repeated to --prompt-tokens: cache-resident compressors such as KIVI's
-residual window of 128 or an eviction budget act only on longer caches); then --steps times, each context decodes the next token of every sequence, the
-configurations one after the other. Interleaving single decodes keeps this machine's speed
+(a short sentence, or it repeated to --prompt-tokens: cache-resident compressors such as KIVI,
+with its 128 exact tokens, or eviction to a budget act only on longer caches); then --steps
+times, each context decodes the next token of every sequence, the configurations one after
+the other. Interleaving single decodes keeps this machine's speed
 drift out of the comparison: the ratio reported is the median over steps of the clean
 decode's time over the configuration's.
 """

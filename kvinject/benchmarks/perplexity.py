@@ -114,7 +114,7 @@ class Perplexity(Benchmark):
         if self.options.step:
             half = self.n_ctx - self.n_ctx // 2
             return runs * speed.generation(chunks, self.n_ctx // 2, half)
-        return runs * speed.prefill(chunks * self.n_ctx)
+        return runs * speed.prefill(chunks * self.n_ctx, self.n_ctx)
 
     def prepare(self, model: Model) -> None:
         self._tokens = self.tokens(model)

@@ -243,7 +243,8 @@ def test_two_workers_on_one_store_split_the_groups_and_compute_each_run_once(tmp
 
 
 def test_ctrl_c_releases_the_claim(tmp_path, tiny_path):
-    grid, store = write_grid(tmp_path, tiny_path), tmp_path / "s.sqlite"
+    # 200 snippets: the sweep must still be running when a Ctrl-C lost in a callback is resent
+    grid, store = write_grid(tmp_path, tiny_path, limit=200), tmp_path / "s.sqlite"
     proc = sweep(grid, "--store", store)
     deadline = time.time() + 120
     while count(store) < 1:

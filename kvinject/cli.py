@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__
+from . import __version__, interrupts
 from .config import Configuration, configurations
 from .error_models import REGISTRY
 from .exceptions import KvinjectError
@@ -740,6 +740,7 @@ def version() -> None:
 
 
 def main() -> None:
+    interrupts.install()
     try:
         app()
     except KvinjectError as e:

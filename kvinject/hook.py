@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
-from . import ggml
+from . import ggml, interrupts
 from . import graph_callback as gc
 from .attention import AttentionSums
 from .cache_writes import CacheWrites, Writes
@@ -285,6 +285,7 @@ class KVHook:
                 self._groups[at] = _site(*self._names[name])
                 at += 1
 
+    @interrupts.callback
     def _apply(self, n: int) -> None:
         """The Python side of the changes at one claim the compiled callback does not make itself."""
         try:
@@ -396,7 +397,7 @@ class KVHook:
     def _raise_errors(self) -> None:
         error, self._error = self._error, None
         if error is not None:
-            if isinstance(error, (InjectionError, ModelError)):
+            if isinstance(error, (InjectionError, ModelError, KeyboardInterrupt)):
                 raise error
             raise InjectionError(f"error inside the K/V hook: {type(error).__name__}: {error}") from error
         self._raise_native_error()

@@ -13,6 +13,8 @@ from typing import Iterator
 
 from llama_cpp import llama_cpp as ll
 
+from . import interrupts
+
 _DEBUG, _CONT = 4, 5
 
 
@@ -24,6 +26,7 @@ class _Log:
 
 
 @ll.llama_log_callback
+@interrupts.callback
 def _log_callback(level: int, text: bytes, _user_data: int) -> None:
     level = _Log.last_level if level == _CONT else level
     _Log.last_level = level

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -243,19 +242,14 @@ def test_two_workers_on_one_store_split_the_groups_and_compute_each_run_once(tmp
 
 
 def test_ctrl_c_releases_the_claim(tmp_path, tiny_path):
-    # 200 snippets: the sweep must still be running when a Ctrl-C lost in a callback is resent
-    grid, store = write_grid(tmp_path, tiny_path, limit=200), tmp_path / "s.sqlite"
+    grid, store = write_grid(tmp_path, tiny_path, limit=200), tmp_path / "s.sqlite"  # still running at the Ctrl-C
     proc = sweep(grid, "--store", store)
     deadline = time.time() + 120
     while count(store) < 1:
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
         time.sleep(0.01)
     assert claims(store) == 1
-    while proc.poll() is None:  # a Ctrl-C that lands in llama.cpp's log callback is lost there
-        assert time.time() < deadline
-        proc.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=2)
+    proc.send_signal(signal.SIGINT)  # once: one landing in a llama.cpp callback is not lost
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted" in err, err
     assert claims(store) == 0 and 0 < count(store) < EXPECTED_RUNS

@@ -1,0 +1,54 @@
+"""Ctrl-C while llama.cpp is calling back into Python.
+
+llama.cpp calls Python from C: its log callback, the hook's Python side. A KeyboardInterrupt
+raised there cannot cross into C: ctypes prints "Exception ignored on calling ctypes callback"
+and drops the log callback's, and the hook could only report its own after the decode. The
+user then pressed Ctrl-C again (a sweep's Ctrl-C test lost one this way, session 8). With
+`install()`, an interrupt that lands inside a callback is put off until the callback has
+returned, and surfaces in the Python code that called into llama.cpp.
+"""
+
+from __future__ import annotations
+
+import _thread
+import signal
+import threading
+from types import CodeType, FrameType
+from typing import Callable, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+_CALLBACKS: set[CodeType] = set()
+_RESEND_S = 0.05
+
+
+def callback(fn: F) -> F:
+    """Mark `fn` as called from C: a Ctrl-C that lands while it runs waits until it returns."""
+    _CALLBACKS.add(fn.__code__)
+    return fn
+
+
+def _in_callback(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code in _CALLBACKS:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    if _in_callback(frame):
+        # Sent again shortly from another thread (re-sent at once, it would land in this very
+        # handler): it comes back here while the callback still runs, and once C has returned
+        # it waits for Python's next check, outside the callback.
+        timer = threading.Timer(_RESEND_S, _thread.interrupt_main, (signum,))
+        timer.daemon = True
+        timer.start()
+        return
+    raise KeyboardInterrupt
+
+
+def install() -> None:
+    """Defer Ctrl-C out of callbacks; only over Python's default handler, in the main thread."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -91,13 +93,64 @@ def _cache(flash_attn: str, cache_type_k: str, cache_type_v: str, kv_rotation: s
     return CacheOptions(cache_type_k, cache_type_v, flash_attn, _on_off("--kv-rotation", kv_rotation))
 
 
-def _load(model: str | None, n_gpu_layers: int | None, threads: int | None, verbose: bool, parallel: int | None = None):
+def _load(model: str | None, backend: BackendOptions, verbose: bool):
     from .llama_log import set_verbose
     from .model import Model
 
     set_verbose(verbose)
     with console.status(f"loading {model or 'the default model'}...", spinner="dots"):
-        return Model(model, BackendOptions(n_gpu_layers=n_gpu_layers, threads=threads, parallel=parallel))
+        return Model(model, backend)
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What the flags shared by the commands that run a model say: the model, its backend and cache."""
+
+    model: str | None
+    backend: BackendOptions
+    cache: CacheOptions
+    verbose: bool
+
+    def load(self):
+        return _load(self.model, self.backend, self.verbose)
+
+
+def _setup(
+    model: ModelOpt = None,
+    n_gpu_layers: GpuOpt = None,
+    flash_attn: FlashOpt = "auto",
+    cache_type_k: CacheKOpt = "f16",
+    cache_type_v: CacheVOpt = "f16",
+    threads: ThreadsOpt = None,
+    parallel: ParallelOpt = None,
+    kv_rotation: RotationOpt = "on",
+    verbose: VerboseOpt = False,
+) -> _Setup:
+    backend = BackendOptions(n_gpu_layers=n_gpu_layers, threads=threads, parallel=parallel)
+    return _Setup(model, backend, _cache(flash_attn, cache_type_k, cache_type_v, kv_rotation), verbose)
+
+
+def _setup_flags(parallel: bool):
+    """Give the decorated command the flags of :func:`_setup` (``--parallel`` where it decodes
+    sequences together), declared once; it gets them as ``setup``."""
+
+    def decorate(func):
+        shared = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            for p in inspect.signature(_setup, eval_str=True).parameters.values()
+            if parallel or p.name != "parallel"
+        ]
+        signature = inspect.signature(func, eval_str=True)
+
+        def command(**kwargs):
+            setup = _setup(**{p.name: kwargs.pop(p.name) for p in shared})
+            return func(**kwargs, setup=setup)
+
+        command.__signature__ = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "setup"] + shared)
+        command.__name__, command.__doc__ = func.__name__, func.__doc__
+        return command
+
+    return decorate
 
 
 def _fmt(value: float, spec: str = ".3f") -> str:
@@ -157,6 +210,7 @@ def benchmarks(output_format: FormatOpt = "table") -> None:
 
 
 @app.command()
+@_setup_flags(parallel=False)
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt to complete.")],
     error: ErrorOpt = None,
@@ -167,23 +221,17 @@ def generate(
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")] = False,
     seed: SeedOpt = 0,
     output_format: FormatOpt = "table",
-    model: ModelOpt = None,
-    n_gpu_layers: GpuOpt = None,
-    flash_attn: FlashOpt = "auto",
-    cache_type_k: CacheKOpt = "f16",
-    cache_type_v: CacheVOpt = "f16",
     ctx: CtxOpt = 2048,
-    threads: ThreadsOpt = None,
-    kv_rotation: RotationOpt = "on",
-    verbose: VerboseOpt = False,
+    *,
+    setup: _Setup,
 ) -> None:
     """Greedy completion of PROMPT under the control and each --error, side by side."""
     from .generate import generate as run_generate
 
     if output_format not in ("table", "json"):
         raise KvinjectError(f"--format must be table or json, got '{output_format}'")
-    configs = configurations("none", error or [], Target.parse(target, layers, positions), _cache(flash_attn, cache_type_k, cache_type_v, kv_rotation))
-    with _load(model, n_gpu_layers, threads, verbose) as m:
+    configs = configurations("none", error or [], Target.parse(target, layers, positions), setup.cache)
+    with setup.load() as m:
         with console.status("generating...", spinner="dots"):
             results = run_generate(m, prompt, configs, max_tokens=max_tokens, chat=chat, seed=seed, n_ctx=ctx)
     if output_format == "json":
@@ -209,8 +257,6 @@ def _bench_flags(func):
     """Give ``func`` (the run command) one flag per benchmark option, made from the benchmarks'
     Options dataclasses: a benchmark's new option is a new flag without an edit here. Their
     values reach ``func`` as ``bench_values``."""
-    import inspect
-
     from .benchmarks import option_owners
     from .benchmarks.options import flag, metavar, shown_default, value_type
 
@@ -248,6 +294,7 @@ def _bench_flags(func):
 
 @app.command(name="run")
 @_bench_flags
+@_setup_flags(parallel=True)
 def run_command(
     bench: Annotated[list[str], typer.Option("--bench", "-b", help="Benchmark, repeatable (see `kvinject benchmarks`).")],
     error: ErrorOpt = None,
@@ -264,15 +311,8 @@ def run_command(
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Also write the aggregates as CSV.")] = None,
     output_format: FormatOpt = "table",
     wide: WideOpt = False,
-    model: ModelOpt = None,
-    n_gpu_layers: GpuOpt = None,
-    flash_attn: FlashOpt = "auto",
-    cache_type_k: CacheKOpt = "f16",
-    cache_type_v: CacheVOpt = "f16",
-    threads: ThreadsOpt = None,
-    parallel: ParallelOpt = None,
-    kv_rotation: RotationOpt = "on",
-    verbose: VerboseOpt = False,
+    *,
+    setup: _Setup,
     bench_values: dict | None = None,
 ) -> None:
     """Score benchmarks under the control and each --error, over repeated runs, with statistics.
@@ -287,12 +327,12 @@ def run_command(
         raise KvinjectError(f"--format must be table or json, got '{output_format}'")
     if runs < 1:
         raise KvinjectError(f"--runs must be >= 1, got {runs}")
-    cache = _cache(flash_attn, cache_type_k, cache_type_v, kv_rotation)
+    cache = setup.cache
     tgt = Target.parse(target, layers, positions)
     configs = configurations(control, error or [], tgt, cache)
     check_writable(output, csv)
     benches = make_benches(bench, bench_values or {}, data or [])
-    with _load(model, n_gpu_layers, threads, verbose, parallel) as m:
+    with setup.load() as m:
         report = Report(metadata(m, benches, configs, runs, seed, {"cache": cache.to_dict()}), benches={b.name: b for b in benches})
         with _progress() as progress:
             bars = {}
@@ -421,6 +461,7 @@ def _run_sweep(sw) -> int:
 
 @app.command(name="profile")
 @_bench_flags
+@_setup_flags(parallel=True)
 def profile(
     error: Annotated[str, typer.Option("--error", "-e", help="The error spec put into one layer's K or V at a time, e.g. normal:0,0.5.")],
     bench: Annotated[str, typer.Option("--bench", "-b", help="The benchmark measured (see `kvinject benchmarks`).")] = "perplexity",
@@ -434,15 +475,8 @@ def profile(
     store: Annotated[Optional[Path], typer.Option("--store", help="Results store (default: profile-MODEL-BENCH-ERROR.results.sqlite here).")] = None,
     heatmap: Annotated[Optional[Path], typer.Option("--heatmap", help="Draw the layer x {K, V} map to this PNG (needs matplotlib).")] = None,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Write the map as CSV (a row per layer).")] = None,
-    model: ModelOpt = None,
-    n_gpu_layers: GpuOpt = None,
-    flash_attn: FlashOpt = "auto",
-    cache_type_k: CacheKOpt = "f16",
-    cache_type_v: CacheVOpt = "f16",
-    threads: ThreadsOpt = None,
-    parallel: ParallelOpt = None,
-    kv_rotation: RotationOpt = "on",
-    verbose: VerboseOpt = False,
+    *,
+    setup: _Setup,
     bench_values: dict | None = None,
 ) -> None:
     """Map where a model is sensitive: ERROR in one layer's K or V at a time, every layer, on one
@@ -458,10 +492,10 @@ def profile(
     from .store import Store
     from .sweep import Sweep
 
-    set_verbose(verbose)
+    set_verbose(setup.verbose)
     if runs < 1:
         raise KvinjectError(f"--runs must be >= 1, got {runs}")
-    config = Configuration.parse(error, cache=_cache(flash_attn, cache_type_k, cache_type_v, kv_rotation))
+    config = Configuration.parse(error, cache=setup.cache)
     err, cache = config.error, config.cache  # ERROR@K/V: the profile's cache types
     if not err.injects:
         raise KvinjectError(f"--error {error} puts no error anywhere: give an error model (see `kvinject errors`)")
@@ -469,8 +503,7 @@ def profile(
     metric = profile_metric(bench, metric)
     check_writable(heatmap, csv)
     given = {k for k, v in (bench_values or {}).items() if v not in (None, [], ())} | ({"data"} if data else set())
-    backend = BackendOptions(n_gpu_layers=n_gpu_layers, threads=threads, parallel=parallel)
-    grid = profile_grid(model, b, given, err, cache, backend, runs, seed, store)
+    grid = profile_grid(setup.model, b, given, err, cache, setup.backend, runs, seed, store)
     with Store(grid.path) as s:
         try:
             _run_sweep(Sweep(grid, s))
@@ -495,6 +528,7 @@ def profile(
 
 @app.command(name="divergence")
 @_bench_flags
+@_setup_flags(parallel=False)
 def divergence_command(
     error: Annotated[list[str], typer.Option("--error", "-e", help="A configuration compared with the reference, ERROR[@K[/V]], repeatable.")],
     reference: Annotated[
@@ -513,14 +547,8 @@ def divergence_command(
     ] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write every item's distances per layer and position as JSON.")] = None,
     output_format: FormatOpt = "table",
-    model: ModelOpt = None,
-    n_gpu_layers: GpuOpt = None,
-    flash_attn: FlashOpt = "auto",
-    cache_type_k: CacheKOpt = "f16",
-    cache_type_v: CacheVOpt = "f16",
-    threads: ThreadsOpt = None,
-    kv_rotation: RotationOpt = "on",
-    verbose: VerboseOpt = False,
+    *,
+    setup: _Setup,
     bench_values: dict | None = None,
 ) -> None:
     """Layer-wise divergence: the relative L2 distance of each layer's output (the residual
@@ -540,14 +568,14 @@ def divergence_command(
     values = {k: v for k, v in (bench_values or {}).items() if v not in (None, [], ())}
     if prompt and (bench or data or set(values) - {"max_tokens"}):
         raise KvinjectError("--prompt gives the prompts as text: it takes --max-tokens, not a bench, its data or its options")
-    cache = _cache(flash_attn, cache_type_k, cache_type_v, kv_rotation)
+    cache = setup.cache
     ref = Configuration.parse(reference, cache=cache)
     configs = list(dict.fromkeys(Configuration.parse(e, Target.parse(target, layers, positions), cache) for e in error))
     benches = None if prompt else make_benches([bench or "gsm8k"], values, [data] if data else [])
     if benches:
         check_bench(benches[0])
     check_writable(heatmap, output)
-    with _load(model, n_gpu_layers, threads, verbose) as m:
+    with setup.load() as m:
         prompts = text_prompts(m, prompt, int(values.get("max_tokens", 64))) if prompt else bench_prompts(m, benches[0])
         with _progress() as progress:
             task = progress.add_task("divergence", total=len(prompts.tokens) * (1 + len(configs)))
@@ -699,7 +727,7 @@ def info(
     """Versions, backend, the model's attention shape and the KV cache size per cache type."""
     from .info import gather
 
-    with _load(model, n_gpu_layers, threads, verbose) as m:
+    with _load(model, BackendOptions(n_gpu_layers=n_gpu_layers, threads=threads), verbose) as m:
         with console.status("measuring cache sizes...", spinner="dots"):
             report = gather(m, ctx)
     if output_format == "json":

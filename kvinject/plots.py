@@ -141,18 +141,24 @@ def frontier(df: pd.DataFrame, path: Path) -> None:
     if bits.empty:
         raise KvinjectError("--frontier needs the bits per element that results record since this version of kvinject: rerun the sweep")
     plt = _pyplot("--frontier")
+    try:
+        from adjustText import adjust_text
+    except ImportError:
+        raise KvinjectError("--frontier needs adjustText: pip install 'kvinject[plot]'") from None
     panels = list(table.groupby(["model", "bench"], sort=False))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(1, len(panels), figsize=(8.5 * len(panels), 5.5), squeeze=False, layout="constrained")
     colours = {f: plt.cm.tab10(i % 10) for i, f in enumerate(dict.fromkeys(map(family, table["label"])))}
     for ax, ((model, bench), rows) in zip(axes[0], panels):
         x = np.array([bits.get((model, bench, label), np.nan) for label in rows["label"]])
         y = rows["mean"].to_numpy(float)
+        texts = []
         for (label, row), xi in zip(rows.iterrows(), x):
             lo, hi = row["ci_low"], row["ci_high"]
             err = [[row["mean"] - lo], [hi - row["mean"]]] if pd.notna(lo) else None
             f = family(row["label"])
             ax.errorbar(xi, row["mean"], yerr=err, fmt="o", color=colours[f], capsize=3, label=f)
-            ax.annotate(row["label"], (xi, row["mean"]), fontsize="x-small", xytext=(3, 3), textcoords="offset points")
+            if np.isfinite(xi):
+                texts.append(ax.text(xi, row["mean"], row["label"], fontsize="x-small"))
         ok = np.isfinite(x) & np.isfinite(y)
         front = np.flatnonzero(ok)[pareto(x[ok], y[ok], BENCHMARKS[bench].higher_is_better[BENCHMARKS[bench].primary])]
         if len(front):  # the front holds from its last point to the most bits shown
@@ -161,10 +167,12 @@ def frontier(df: pd.DataFrame, path: Path) -> None:
         ax.margins(x=0.12)
         handles, labels = ax.get_legend_handles_labels()
         unique = dict(zip(labels, handles))
-        ax.legend(unique.values(), unique.keys(), fontsize="small")
+        ax.legend(unique.values(), unique.keys(), fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: labels go anywhere
         ax.set_xlabel("bits per K/V element")
         ax.set_ylabel(BENCHMARKS[bench].primary)
         ax.set_title(f"{Path(str(model)).name}: {bench}", fontsize="small")
+        # Compressors crowd at equal bits (8.5: q8_0, kivi:4, quant:8): labels moved apart, a line to each point.
+        adjust_text(texts, x=x[ok], y=y[ok], ax=ax, arrowprops={"arrowstyle": "-", "color": "gray", "lw": 0.5})
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

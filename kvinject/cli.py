@@ -613,6 +613,14 @@ def report(
         Optional[list[str]], typer.Option("--filter", help="Keep records whose setting KEY equals VALUE, e.g. bench=ifeval, target=k, cache_v=q8_0.")
     ] = None,
     all_metrics: Annotated[bool, typer.Option("--all-metrics", help="Every metric, not only each bench's primary one.")] = False,
+    metric: Annotated[
+        Optional[str],
+        typer.Option(
+            "--metric",
+            help="Tabulate and draw this metric instead of each bench's primary one, e.g. token_match (eviction's agreement "
+            "with the full cache); see `kvinject benchmarks`. Benches without it are left out.",
+        ),
+    ] = None,
     wide: WideOpt = False,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw degradation curves to this PNG (needs matplotlib).")] = None,
     heatmap: Annotated[
@@ -636,16 +644,20 @@ def report(
     from .plots import heatmap as draw_heatmap
     from .plots import outcomes as draw_outcomes
     from .plots import plot as draw
-    from .report import FORMATS, load_records, matches, render, study_table, summarize, terminal_tables
+    from .report import FORMATS, check_metric, load_records, matches, render, study_table, summarize, terminal_tables
 
     if output_format not in FORMATS:
         raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")
+    if metric and all_metrics:
+        raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
     check_writable(plot, heatmap, frontier, outcomes)
     records = [r for r in load_records(stores) if matches(r, filters or [])]
     if not records:
         raise KvinjectError("no records match")
     df = summarize(records)
-    table = df if all_metrics else study_table(df)
+    if metric:
+        check_metric(df, metric)
+    table = df if all_metrics else study_table(df, metric)
     if output_format == "table":
         parts = [(f"{len(records)} runs from {len(stores)} store(s)", table)] if all_metrics or wide else terminal_tables(table)
         for title, part in parts:
@@ -659,13 +671,13 @@ def report(
     else:
         print(render(table, output_format))
     if plot:
-        draw(df, plot)
+        draw(df, plot, metric)
         Console(stderr=True).print(f"plot written to {plot}")
     if heatmap:
         draw_heatmap(records, heatmap)
         Console(stderr=True).print(f"heatmap written to {heatmap}")
     if frontier:
-        draw_frontier(df, frontier)
+        draw_frontier(df, frontier, metric)
         Console(stderr=True).print(f"frontier written to {frontier}")
     if outcomes:
         draw_outcomes(df, outcomes)

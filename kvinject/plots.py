@@ -27,11 +27,11 @@ def _pyplot(option: str) -> Any:
     return plt
 
 
-def plot(df: pd.DataFrame, path: Path) -> None:
-    """Degradation curves: each bench's primary score against the realized relative error of
-    K (std), one line per error family, with the runs' 95% CI as a band."""
+def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
+    """Degradation curves: each bench's primary score (or `metric`) against the realized
+    relative error of K (std), one line per error family, with the runs' 95% CI as a band."""
     plt = _pyplot("--plot")
-    table = df[primary_rows(df)]
+    table = df[primary_rows(df, metric)]
     benches = list(dict.fromkeys(table["bench"]))
     fig, axes = plt.subplots(1, len(benches), figsize=(5 * len(benches), 4), squeeze=False)
     for ax, bench in zip(axes[0], benches):
@@ -48,7 +48,7 @@ def plot(df: pd.DataFrame, path: Path) -> None:
             lo, hi = part["ci_low"].fillna(part["mean"]), part["ci_high"].fillna(part["mean"])
             ax.fill_between(x, lo, hi, alpha=0.2)
         ax.set_xlabel("realized relative error of K (std)")
-        ax.set_ylabel(f"{BENCHMARKS[bench].primary}")
+        ax.set_ylabel(metric or BENCHMARKS[bench].primary)
         ax.set_title(bench)
         ax.legend(fontsize="small")
     fig.tight_layout()
@@ -132,11 +132,11 @@ def pareto(bits: np.ndarray, score: np.ndarray, higher_is_better: bool) -> np.nd
     return np.array(front, dtype=int)
 
 
-def frontier(df: pd.DataFrame, path: Path) -> None:
-    """Each bench's primary score against bits per K/V element, one point per configuration with
-    its runs' 95% CI, the Pareto front drawn, one colour per compressor family: compressors side
-    by side at equal memory. A panel per model and bench."""
-    table = df[primary_rows(df)]
+def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
+    """Each bench's primary score (or `metric`) against bits per K/V element, one point per
+    configuration with its runs' 95% CI, the Pareto front drawn, one colour per compressor
+    family: compressors side by side at equal memory. A panel per model and bench."""
+    table = df[primary_rows(df, metric)]
     bits = df[df["metric"] == "bits"].groupby(["model", "bench", "label"])["mean"].mean()
     if bits.empty:
         raise KvinjectError("--frontier needs the bits per element that results record since this version of kvinject: rerun the sweep")
@@ -160,7 +160,8 @@ def frontier(df: pd.DataFrame, path: Path) -> None:
             if np.isfinite(xi):
                 texts.append(ax.text(xi, row["mean"], row["label"], fontsize="x-small"))
         ok = np.isfinite(x) & np.isfinite(y)
-        front = np.flatnonzero(ok)[pareto(x[ok], y[ok], BENCHMARKS[bench].higher_is_better[BENCHMARKS[bench].primary])]
+        shown = metric or BENCHMARKS[bench].primary
+        front = np.flatnonzero(ok)[pareto(x[ok], y[ok], BENCHMARKS[bench].higher_is_better[shown])]
         if len(front):  # the front holds from its last point to the most bits shown
             fx, fy = np.append(x[front], x[ok].max()), np.append(y[front], y[front[-1]])
             ax.step(fx, fy, where="post", color="black", linewidth=0.8, alpha=0.6, label="Pareto front")
@@ -169,7 +170,7 @@ def frontier(df: pd.DataFrame, path: Path) -> None:
         unique = dict(zip(labels, handles))
         ax.legend(unique.values(), unique.keys(), fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: labels go anywhere
         ax.set_xlabel("bits per K/V element")
-        ax.set_ylabel(BENCHMARKS[bench].primary)
+        ax.set_ylabel(shown)
         ax.set_title(f"{Path(str(model)).name}: {bench}", fontsize="small")
         # Compressors crowd at equal bits (8.5: q8_0, kivi:4, quant:8): labels moved apart, a line to each point.
         adjust_text(texts, x=x[ok], y=y[ok], ax=ax, arrowprops={"arrowstyle": "-", "color": "gray", "lw": 0.5})

@@ -104,16 +104,26 @@ def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def primary_rows(df: pd.DataFrame) -> list[bool]:
-    return [m == BENCHMARKS[b].primary for m, b in zip(df["metric"], df["bench"])]
+def primary_rows(df: pd.DataFrame, metric: str | None = None) -> list[bool]:
+    """The rows of `metric`, or of each bench's primary metric."""
+    return [m == (metric or BENCHMARKS[b].primary) for m, b in zip(df["metric"], df["bench"])]
 
 
-def study_table(df: pd.DataFrame) -> pd.DataFrame:
+def check_metric(df: pd.DataFrame, metric: str) -> None:
+    """`metric` must be one the records' benches declare, and measured in some record."""
+    known = sorted({m for b in df["bench"].unique() for m in BENCHMARKS[b].higher_is_better})
+    if metric not in known:
+        raise KvinjectError(f"--metric {metric}: these benches report {', '.join(known)}")
+    if not (df["metric"] == metric).any():
+        raise KvinjectError(f"--metric {metric}: no record measured it (token_match and the drift metrics need a control to compare with)")
+
+
+def study_table(df: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     """The study's layout: score and percent of control per bench and configuration, on each
-    bench's primary metric, with both confidence intervals and the paired test's p."""
+    bench's primary metric (or `metric`), with both confidence intervals and the paired test's p."""
     if df.empty:
         return df
-    out = df[primary_rows(df)].copy()
+    out = df[primary_rows(df, metric)].copy()
     out["ci_items"] = out["bootstrap_ci"].map(lambda ci: f"{ci[0]:.4g}–{ci[1]:.4g}" if ci and None not in ci else "")
     out["ci_runs"] = [f"{lo:.4g}–{hi:.4g}" if pd.notna(lo) else "" for lo, hi in zip(out["ci_low"], out["ci_high"])]
     out["p"] = out["test"].map(lambda t: t["p_value"] if isinstance(t, dict) else None)

@@ -2,6 +2,8 @@
 `kvinject report --frontier` on a sweep of the tiny model."""
 
 import io
+import json
+import sqlite3
 import subprocess
 import sys
 
@@ -84,3 +86,41 @@ def test_frontier_names_a_store_without_bits(tmp_path):
     df = pd.DataFrame([{"model": "m", "bench": "perplexity", "label": "none", "metric": "ppl", "mean": 10.0, "ci_low": 9.0, "ci_high": 11.0}])
     with pytest.raises(KvinjectError, match="--frontier needs the bits per element"):
         frontier(df, tmp_path / "f.png")
+
+
+METRIC_GRID = """
+[sweep]
+models = ["{model}"]
+runs = 1
+
+[bench.nexttoken]
+limit = 12
+
+[[errors]]
+spec = ["normal:0,0.5", "none@q4_0"]
+"""
+
+
+def test_report_metric_tabulates_and_draws_another_metric(tmp_path, tiny_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(METRIC_GRID.format(model=tiny_path))
+    kvinject = [sys.executable, "-m", "kvinject"]
+    out = subprocess.run([*kvinject, "sweep", str(grid)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    store = grid.with_suffix(".results.sqlite")
+    png = tmp_path / "frontier.png"
+    out = subprocess.run(
+        [*kvinject, "report", str(store), "--metric", "token_match", "--frontier", str(png), "--format", "csv"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes()[:8] == PNG
+    table = pd.read_csv(io.StringIO(out.stdout)).set_index("configuration")
+    with sqlite3.connect(store) as db:
+        stored = {
+            json.loads(s)["label"]: json.loads(r)["metrics"]["token_match"] for s, r in db.execute("select settings, record from runs") if "token_match" in r
+        }
+    assert set(table["metric"]) == {"token_match"} and len(stored) == 2  # the control has nothing to match
+    assert table["score"].to_dict() == pytest.approx(stored)
+    out = subprocess.run([*kvinject, "report", str(store), "--metric", "tokens_matched"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "--metric tokens_matched: these benches report" in out.stderr and "token_match" in out.stderr
+    assert "Traceback" not in out.stderr

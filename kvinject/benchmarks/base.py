@@ -159,8 +159,8 @@ class GenerationBenchmark(Benchmark):
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        # Every generation bench has the drift metrics; tables show them where they were measured.
-        cls.higher_is_better = {**getattr(cls, "higher_is_better", {}), **DRIFT, **OUTCOMES}
+        # Every generation bench has the divergence and drift metrics; tables show them where they were measured.
+        cls.higher_is_better = {**getattr(cls, "higher_is_better", {}), **DIVERGENCE, **DRIFT, **OUTCOMES}
         cls.secondary = (*cls.secondary, *(m for m in ("flip_rate", "kld", "sdc") if m not in cls.secondary))
         cls.binary = cls.binary | {"flipped", *OUTCOMES}
 
@@ -306,6 +306,9 @@ def generation_context(model: Model, config: Configuration, seed: int, run: int,
 def nanmean(values: list[float]) -> float:
     arr = np.asarray(values, dtype=np.float64)
     return float(np.nanmean(arr)) if np.isfinite(arr).any() else float("nan")
+
+
+DIVERGENCE = {"diverged": False, "first_diff": True, "token_match": True}  # what divergence() measures
 
 
 def divergence(control: list[list[int]], outputs: list[list[int]]) -> dict[str, float]:

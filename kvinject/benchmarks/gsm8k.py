@@ -131,7 +131,7 @@ class GSM8K(GenerationBenchmark):
     options: GSM8KOptions
     primary = "exact_match_flexible"
     secondary = ("exact_match_strict", "diverged")
-    higher_is_better: ClassVar[dict[str, bool]] = {"exact_match_flexible": True, "exact_match_strict": True, "diverged": False}
+    higher_is_better: ClassVar[dict[str, bool]] = {"exact_match_flexible": True, "exact_match_strict": True}
     binary = frozenset({"exact_match_flexible", "exact_match_strict"})
     keep_texts = True
     spans = (*GenerationBenchmark.spans, "context", "question")  # the worked examples, the question asked

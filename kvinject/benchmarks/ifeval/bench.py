@@ -48,7 +48,6 @@ class IFEval(GenerationBenchmark):
         "inst_level_strict_acc": True,
         "prompt_level_loose_acc": True,
         "inst_level_loose_acc": True,
-        "diverged": False,
     }
     binary = frozenset({"prompt_level_strict_acc", "prompt_level_loose_acc"})
     keep_texts = True

@@ -13,7 +13,7 @@ the claim groups, the noise segments of the decode (runs of rows whose factors c
 item's stream of kvinject/variates.py), the rows that get the error (``--positions``) and the
 realized-error sums.
 Multiplicative error models on host memory are applied here, their factors computed in the
-same pass, with their realized-error sums;
+same pass, with their realized-error sums, and so is rounding to a minifloat;
 anything else (other models, device memory) is handed back to a Python function. For
 cache-resident models it records instead where each decode writes K and V in the cache
 (:mod:`kvinject.cache_writes`), and for those that evict by attention it claims each layer's
@@ -32,6 +32,7 @@ from numba.extending import intrinsic
 
 from . import ggml
 from .realized import RealizedStats
+from .rounding import ROUND, round_to
 from .variates import factor, hash_at
 
 # Header slots.
@@ -42,12 +43,13 @@ PYTHON_APPLY, IS_HOST, IS_CONTIGUOUS, NATIVE, ROW_K, ROW_V, PREFIX_K, PREFIX_V =
 WRITES, WRITES_CAP, N_WRITES, INDEX_KEYS, INDEX_ROWS, INDEX_CAP, N_INDEX, TENSOR_GET = range(28, 36)
 ATTN, ATTN_STRIDE, N_ATTN, ATTN_N_KV, ATTN_HEADS = range(36, 41)  # attention sums (kvinject/attention.py)
 MASK, OUTSIDE_SUMS = range(41, 43)  # --positions: which rows get the error (0: all), sums of the others
-LAW = 43  # the factors' law (kind, a, b as float64)
+LAW = 43  # what the pass computes: a factor law (kind, a, b) or a rounding (kvinject/rounding.py), float64
 PRE_ROPE = 44  # K claimed before RoPE: a rope node starts a run, and K's names may carry a tag (Kcur_normed-<il>)
 CLAIMS = 45  # claimed nodes computed so far: each one a graph split
 RESID, RESID_CAP, RESID_EMBD, RESID_LAYERS, RESID_TABLE = range(46, 51)  # each layer's output (kvinject/residual.py)
 QUEUE, N_QUEUED = range(51, 53)  # changes of one claim left to Python: (tensor, site, at) triples, how many
 HEADER = 53
+LAW_SLOTS = 4
 
 # Modes.
 RUN, LEARN = 0, 1
@@ -62,7 +64,7 @@ RESID_ROWS, RESID_COPIES, RESID_BAD = range(3)
 # Error codes, turned into exceptions by the hook after the decode.
 MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW, WRITES_OVERFLOW, BAD_INDEX, BAD_SOFT_MAX = 1, 2, 3, 4, 5, 6, 7
 
-# Realized-error sums per component, in RealizedStats' field order (written by _multiply).
+# Realized-error sums per component, in RealizedStats' field order (written by _change).
 N_SUMS = len(fields(RealizedStats))
 
 _TYPE, _BUFFER, _NE, _OP, _SRC, _VIEW_SRC, _DATA, _NAME = (
@@ -255,19 +257,22 @@ def _perturb(head, t, site):
     seg_key = carray(_u64(head[SEG_KEY]), head[N_SEG])
     seg_start = carray(_i64(head[SEG_START]), head[N_SEG])
     seg_rows = carray(_i64(head[SEG_ROWS]), head[N_SEG])
-    law = carray(_f64(head[LAW]), 3)
+    law = carray(_f64(head[LAW]), LAW_SLOTS)
     mask = carray(_u8(head[MASK]), head[ROWS] if head[MASK] != 0 else 0)
     outside = carray(_f64(head[OUTSIDE_SUMS]), (2, N_SUMS))[component]
-    _multiply(x, row, at, seg_key, seg_start, seg_rows, np.int64(law[0]), np.float32(law[1]), np.float32(law[2]), mask, sums, outside)
+    _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, sums, outside)
 
 
 @njit(cache=True)
-def _multiply(x, row, at, seg_key, seg_start, seg_rows, kind, a, b, mask, sums, outside):
-    """x *= factor, row by row; each segment's rows take their factors from their stream's
+def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, sums, outside):
+    """x *= factor, row by row, or x rounded (``law``: a factor law, or ROUND and the format
+    of kvinject/rounding.py); each segment's rows take their factors from their stream's
     values from ``seg_start + at * rows`` on, ``row`` per row (the layout of a block of
     ``rows * width`` values, sites one after another); and the realized-error sums of what
     changed. Rows that ``mask`` (when given) leaves out keep their values; they count in the
     sums as unchanged, and in ``outside`` too."""
+    kind, a, b = np.int64(law[0]), np.float32(law[1]), np.float32(law[2])
+    largest, nmant, minexp = law[1], np.int64(law[2]), np.int64(law[3])
     changed = nonfinite = rel_n = flips = 0
     rel_sum = rel_sumsq = signal = noise = 0.0
     out_values = out_nonfinite = out_rel_n = 0
@@ -294,7 +299,10 @@ def _multiply(x, row, at, seg_key, seg_start, seg_rows, kind, a, b, mask, sums, 
                 continue
             for c in range(row):
                 before = xs[c]
-                after = before * factor(kind, a, b, hash_at(key, start + c))
+                if kind == ROUND:
+                    after = round_to(before, largest, nmant, minexp)
+                else:
+                    after = before * factor(kind, a, b, hash_at(key, start + c))
                 xs[c] = after
                 if after != before:
                     changed += 1

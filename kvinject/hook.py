@@ -41,7 +41,7 @@ from . import ggml, interrupts
 from . import graph_callback as gc
 from .attention import AttentionSums
 from .cache_writes import CacheWrites, Writes
-from .error_models import CacheResident, Draws, ErrorModel, Multiplicative
+from .error_models import CacheResident, Draws, ErrorModel
 from .exceptions import InjectionError, ModelError
 from .realized import Realized, RealizedStats, Workspace
 from .target import Target
@@ -163,9 +163,9 @@ class KVHook:
         self._total_outside = np.zeros((2, gc.N_SUMS), np.float64)
         self._python_outside = Realized.empty()
         self._segments = np.zeros((3, 0), np.int64)  # per segment: stream key (bits), first value, rows
-        self._law = np.zeros(3, np.float64)
-        if isinstance(error, Multiplicative):
-            self._law[:] = error.law
+        law = error.law
+        self._law = np.zeros(gc.LAW_SLOTS, np.float64)
+        self._law[: len(law or ())] = law or ()
         self._python_apply = _APPLY(self._apply)
         self._queue = np.zeros((2 * n_layer, 3), np.int64)
         self._head = head = np.zeros(gc.HEADER, np.int64)
@@ -179,7 +179,7 @@ class KVHook:
         head[gc.LAW] = self._law.ctypes.data
         head[gc.ROW_K], head[gc.ROW_V] = row_k, row_v
         head[gc.PREFIX_K], head[gc.PREFIX_V] = (gc.prefix(self._node_name(c, 0)) for c in "kv")
-        head[gc.NATIVE] = isinstance(error, Multiplicative)
+        head[gc.NATIVE] = law is not None
         head[gc.PRE_ROPE] = error.pre_rope
         head[gc.PYTHON_APPLY] = ctypes.cast(self._python_apply, ctypes.c_void_p).value
         head[gc.IS_HOST], head[gc.IS_CONTIGUOUS] = (
@@ -225,18 +225,22 @@ class KVHook:
             self.writes.layout(int(head[gc.ROWS]))
         if self.attention is not None:
             self.attention.layout(int(head[gc.ROWS]))
-        if not self.error.random or self.writes is not None:  # a cache-resident model draws its own
+        if self.writes is not None or not (self.error.random or head[gc.NATIVE]):  # a cache-resident model draws its own
             head[gc.N_SEG] = 0
             return
-        self._noise = noise = _DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments])
-        if not head[gc.NATIVE]:
-            return
-        if self._segments.shape[1] < len(segments):
-            self._segments = np.zeros((3, 2 * len(segments)), np.int64)
+        if self.error.random:
+            self._noise = noise = _DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments])
+            if not head[gc.NATIVE]:
+                return
+            runs = [(np.uint64(block.variates.key).view(np.int64), block.start, rows) for block, rows in noise.blocks]
+        else:  # compiled without noise (a rounding): one run of every row
+            runs = [(0, 0, head[gc.ROWS])]
+        if self._segments.shape[1] < len(runs):
+            self._segments = np.zeros((3, 2 * len(runs)), np.int64)
             head[gc.SEG_KEY], head[gc.SEG_START], head[gc.SEG_ROWS] = (a.ctypes.data for a in self._segments)
-        for i, (block, rows) in enumerate(noise.blocks):
-            self._segments[:, i] = np.uint64(block.variates.key).view(np.int64), block.start, rows
-        head[gc.N_SEG] = len(segments)
+        for i, run in enumerate(runs):
+            self._segments[:, i] = run
+        head[gc.N_SEG] = len(runs)
 
     @staticmethod
     def _node_name(component: str, layer: int) -> bytes:

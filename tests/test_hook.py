@@ -155,8 +155,8 @@ def test_same_seed_reproduces_and_another_seed_differs(tiny):
 
 @dataclass(frozen=True)
 class InPython(ErrorModel):
-    """A multiplicative model that is not a Multiplicative: the compiled callback hands it to
-    Python, which multiplies by the same factors, computed there."""
+    """A model the compiled callback computes itself, wrapped so that it hands it to Python,
+    which applies it there (multiplies by the same factors, rounds the same way)."""
 
     inner: ErrorModel
     name = "in-python"
@@ -164,23 +164,27 @@ class InPython(ErrorModel):
 
     @property
     def random(self):
-        return True
+        return self.inner.random
 
     def stream(self, rng, horizon):
         return self.inner.stream(rng, horizon)
 
     def apply(self, x, draws):
-        x *= draws.take(x.size).reshape(x.shape)
+        self.inner.apply(x, draws)
 
 
-MULTIPLICATIVE = sorted(name for name, cls in REGISTRY.items() if issubclass(cls, Multiplicative))
+COMPILED = sorted(name for name, cls in REGISTRY.items() if parse_error(cls.example).law is not None)
 
 
-@pytest.mark.parametrize("name", MULTIPLICATIVE)
+def test_the_compiled_models_are_the_multiplicative_ones_and_rounding():
+    assert COMPILED == sorted([*(n for n, c in REGISTRY.items() if issubclass(c, Multiplicative)), "float"])
+
+
+@pytest.mark.parametrize("name", COMPILED)
 def test_the_compiled_and_the_python_path_write_the_same_cache_and_measure_the_same(tiny, name):
-    """Two items share each decode (two noise segments): the compiled multiplication and the
-    Python fallback must read the same noise for every row and site, and their realized-error
-    sums must agree."""
+    """Two items share each decode (two noise segments): the compiled pass and the Python
+    fallback must read the same noise for every row and site (or round alike), and their
+    realized-error sums must agree."""
     a, b = (tiny.tokenize(t) for t in (PROMPT, "Rivers carry sediment from the mountains to the sea"))
     model = parse_error(REGISTRY[name].example)
     caches, stats = [], []

@@ -5,10 +5,12 @@ code of the format is decoded from its bit fields, and a value rounds to the nea
 import functools
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from kvinject.error_models import parse_error
+from kvinject.error_models.minifloat import FORMATS
 from kvinject.exceptions import SpecError
 
 # name -> (exponent bits, mantissa bits, which codes are not finite numbers)
@@ -120,3 +122,22 @@ def test_unknown_format_names_the_choices() -> None:
 @pytest.mark.parametrize("spec,bits", [("float:e4m3", 8), ("float:e2m1,block=32", 4.25), ("float:e3m2,block=16", 6.5), ("float:e8m7", 16)])
 def test_bits_per_element_count_the_shared_scale(spec: str, bits: float) -> None:
     assert parse_error(spec).bits_per_element(16, "v") == bits
+
+
+@pytest.mark.parametrize("fmt", sorted(SPECS))
+def test_rounding_is_ml_dtypes_conversion_bit_for_bit(fmt: str) -> None:
+    """kvinject/rounding.py against ml_dtypes' conversion after saturation (what `float:` did
+    before it was compiled, so results stored then stand): every float16 value, random float32
+    bit patterns, infinities and NaN; zeros' signs included."""
+    dtype = FORMATS[fmt]
+    rng = np.random.default_rng(0)
+    every_f16 = np.arange(2**16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    random_f32 = rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([every_f16, random_f32, np.array([np.inf, -np.inf, 0.0, -0.0], np.float32)])
+    largest = np.float32(ml_dtypes.finfo(dtype).max)
+    with np.errstate(invalid="ignore"):
+        want = np.maximum(np.minimum(x, largest), -largest).astype(dtype).astype(np.float32)
+    want[np.isnan(x)] = np.nan  # formats without NaN make it 0
+    got = rounded(f"float:{fmt}", x.reshape(1, -1)).ravel()
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), x[~same][:5]

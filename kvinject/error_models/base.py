@@ -127,6 +127,13 @@ class ErrorModel(ABC):
         """Generate without reusing cached K/V (kvinject/recompute.py)."""
         return False
 
+    @property
+    def law(self) -> tuple[float, ...] | None:
+        """What the compiled callback computes itself in its pass over host memory, ``(kind,
+        ...)``: a factor law of kvinject/variates.py or a rounding (kvinject/rounding.py). None:
+        :meth:`apply` runs in Python."""
+        return None
+
     def stream(self, rng: np.random.Generator, horizon: int | None) -> Draws | None:
         """The random values of one item, drawn from ``rng``; ``horizon``: how many values the
         item's prompt writes to the targeted sites (None where unknown)."""
@@ -190,7 +197,7 @@ class Multiplicative(ErrorModel):
     @property
     @abstractmethod
     def law(self) -> tuple[int, float, float]:
-        """``(kind, a, b)``, a law of kvinject/variates.py."""
+        """``(kind, a, b)``, a factor law of kvinject/variates.py."""
 
     @property
     def random(self) -> bool:

@@ -1,9 +1,11 @@
 """Rounding to a minifloat: fp8 (e4m3, e5m2), fp6 (e3m2, e2m3), fp4 (e2m1), and fp16/bf16.
 
 Formats as the OCP 8-bit floating point specification (FP8 v1.0) and the OCP Microscaling
-specification (MX v1.0) define them, converted by ml_dtypes (the converters of JAX): round
-to nearest, ties to even, subnormals kept. Values beyond the largest finite value saturate
-to it, OCP's conversion mode for machine learning (e4m3, fp6 and fp4 have no infinity).
+specification (MX v1.0) define them, their parameters from ml_dtypes, rounded by
+kvinject/rounding.py (bit for bit as ml_dtypes converts): round to nearest, ties to even,
+subnormals kept. Values beyond the largest finite value saturate to it, OCP's conversion mode
+for machine learning (e4m3, fp6 and fp4 have no infinity). Without a block the compiled
+callback rounds in its own pass.
 ``block=N`` adds MX's shared scale: each block of N components of a row is divided by the
 power of two 2^(floor(log2(max |x|)) - emax), emax being the exponent of the element
 format's largest normal value (MX v1.0, section 6.3), rounded, and multiplied back; the
@@ -20,6 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from ..exceptions import SpecError
+from ..rounding import ROUND, round_array
 from .base import Draws, ErrorModel, register, row_groups
 
 FORMATS: dict[str, type] = {
@@ -54,42 +57,36 @@ class Minifloat(ErrorModel):
         if self.block < 0:
             raise SpecError(f"'float': block must be >= 0 (0: no shared scale), got {self.block}")
 
-    # Cached: the hook applies the model once per layer, K and V, every decode, where building
-    # finfo and the clip bounds cost more than rounding a decode's few rows.
     @cached_property
     def _info(self) -> ml_dtypes.finfo:
         return ml_dtypes.finfo(FORMATS[self.format])
 
     @cached_property
-    def _largest(self) -> np.float32:
-        return np.float32(self._info.max)
+    def _format(self) -> tuple[float, int, int]:
+        """(largest, mantissa bits, smallest normal exponent), what kvinject/rounding.py takes."""
+        return float(self._info.max), int(self._info.nmant), int(self._info.minexp)
 
     @property
     def element_bits(self) -> int:
         return self._info.bits
 
+    @property
+    def law(self) -> tuple[float, ...] | None:
+        return None if self.block else (ROUND, *self._format)
+
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         return self.element_bits + (SCALE_BITS / self.block if self.block else 0)
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
-        largest, dtype = self._largest, FORMATS[self.format]
+        largest, nmant, minexp = self._format
         if not self.block:
-            x[...] = _round(x, dtype, largest)
+            round_array(x, largest, nmant, minexp)
             return
         g = row_groups(x, self.block, "'float': block")
         amax = np.abs(g).max(axis=1, keepdims=True)
-        emax = np.frexp(largest)[1] - 1
+        emax = np.frexp(np.float32(largest))[1] - 1
         shared = np.clip(np.frexp(amax)[1] - 1 - emax, *SCALE_EXPONENTS)  # frexp: amax = m * 2^e, m in [0.5, 1)
         scale = np.ldexp(np.float32(1), shared)
-        g[...] = _round(g / scale, dtype, largest) * scale
-
-
-def _round(x: np.ndarray, dtype: type, largest: np.float32) -> np.ndarray:
-    # np.minimum/np.maximum rather than np.clip: the same values at a third of the call's cost
-    y = np.maximum(np.minimum(x, largest), -largest).astype(dtype).astype(np.float32)
-    if dtype in NO_NAN:
-        y[np.isnan(x)] = np.nan  # ml_dtypes makes NaN 0 in formats without one
-    return y
-
-
-NO_NAN = frozenset(t for t in FORMATS.values() if not np.isnan(np.float32(np.nan).astype(t).astype(np.float32)))
+        scaled = g / scale
+        round_array(scaled, largest, nmant, minexp)
+        g[...] = scaled * scale

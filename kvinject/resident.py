@@ -68,6 +68,7 @@ class ResidentCache:
         self._draws = draws if draws is not None else {}
         self._rows: dict[int, np.ndarray] = {}  # this decode's batch rows of each sequence
         self._prompt_ended: dict[int, bool] = {}
+        self._asked: dict[int, bool] = {}
         self._attention: np.ndarray | None = None
         self._owner = np.full((n_layer, n_cells), -1, np.int64)  # seq << 32 | token, per layer and cell
         self._tensors: dict[tuple[str, int], CacheTensor] = {}
@@ -96,7 +97,8 @@ class ResidentCache:
             grown.append((seq, n0, tokens.n))
             self._rows[seq] = rows
             tokens.unasked += len(rows)
-            self._prompt_ended[seq] = bool(entries[rows[-1]][3]) and tokens.unasked > 1
+            self._asked[seq] = bool(entries[rows[-1]][3])
+            self._prompt_ended[seq] = self._asked[seq] and tokens.unasked > 1
             if entries[rows[-1]][3]:
                 tokens.unasked = 0
         self._attention = writes.attention
@@ -167,6 +169,11 @@ class ResidentCache:
         if (cells != cells[:, :1]).any():
             raise ModelError(f"this model's layers keep a token in different cells (sliding-window layers?); '{self.model.name}' cannot score it")
         return self._attention[self._rows[seq]][:, cells[:, 0]]
+
+    def asked(self, seq: int) -> bool:
+        """Whether this decode asked for the logits of the sequence's last token: generation
+        does at every token, a prompt at its last piece only."""
+        return self._asked[seq]
 
     def prompt_ended(self, seq: int) -> bool:
         """Whether this decode ended a prompt of ``seq``: it asked for the logits of the sequence's

@@ -128,13 +128,17 @@ class Reference:
         self.window: list[dict[int, float]] = []
         self.unasked = 0
 
-    def keep(self, held: list[int], n: int, attn: np.ndarray | None, prompt_ended: bool) -> set[int]:
+    def keep(self, held: list[int], n: int, attn: np.ndarray | None, asked: bool, prompt_ended: bool) -> set[int]:
+        """``asked``: the decode asked for the logits of the sequence's last token (a prompt's
+        last piece, or generation); ``prompt_ended``: it was a prompt's last piece."""
         b, m = budget(self.spec, n), self.model
         if m.method == "h2o":  # every query's attention, summed per token over all decodes
             for p, a in zip(held, attn.sum(0)):
                 self.sums[p] = self.sums.get(p, 0.0) + a
         if m.method == "snapkv":
             self.window = (self.window + [dict(zip(held, row)) for row in attn])[-m.window :]
+        if not asked:  # a prompt is compressed once whole, as the references prefill it in one pass
+            return set(held)
         if len(held) <= b or (m.method == "snapkv" and not prompt_ended):
             return set(held)
         if m.method == "window":
@@ -197,7 +201,7 @@ def run_checked(model, spec: str, prompts=PROMPTS[:1], n_batch: int = 5, steps: 
                 ended = entries[rows[-1]][3] and refs[seq].unasked > 1
                 if entries[rows[-1]][3]:
                     refs[seq].unasked = 0
-                keep = refs[seq].keep(held[seq], held[seq][-1] + 1, attn, ended)
+                keep = refs[seq].keep(held[seq], held[seq][-1] + 1, attn, bool(entries[rows[-1]][3]), ended)
                 assert sorted(read_cells(ctx, seq)[0].tolist()) == sorted(keep), (spec, step, seq)
                 replica.remove(seq, set(held[seq]) - keep)
                 held[seq] = sorted(keep)
@@ -214,6 +218,8 @@ ATTENTION_SPECS = [
     "evict:h2o,0.5,recent=0.25",
     "evict:snapkv,6,window=3,kernel=3",
     "evict:snapkv,0.5,window=4,kernel=5",
+    "evict:snapkv,11,window=10,kernel=5",  # fewer earlier tokens (3) than the kernel
+    "evict:snapkv,4,window=6,kernel=3",  # a budget within the window: the last B
 ]
 
 
@@ -263,11 +269,59 @@ def test_kept_tokens_keep_their_positions_and_values(tiny):
     the kept rows equal the control's at the same positions, so nothing was shifted."""
     _, (control_positions, control_cache), _ = greedy(tiny, "none", steps=0)
     _, (positions, cache), bits = greedy(tiny, "evict:streaming,6,sinks=2", steps=0)
-    assert sorted(positions.tolist()) == [0, 1, 9, 10, 11, 12]
+    assert sorted(positions.tolist()) == [0, 1, 9, 10, 11, 12]  # after the prompt's last piece only
     where = {p: i for i, p in enumerate(control_positions.tolist())}
     for site in (("k", 0), ("v", 0)):
         assert np.array_equal(cache[site], control_cache[site][[where[p] for p in positions.tolist()]])
     assert bits == pytest.approx(32 * 6 / 13)
+
+
+def test_a_prompt_is_not_cut_between_its_pieces(tiny):
+    """Prompt pieces of 5 under a budget of 4 tokens: every piece attends to the whole prompt
+    before it (the replica without eviction computes the same logits), then the prompt is cut."""
+    tokens = tiny.tokenize(PROMPTS[0])
+    logits = []
+    for spec in ("none", "evict:window,4"):
+        with tiny.context(OFF, parse_error(spec), n_ctx=N_CTX, n_batch=5) as ctx:
+            ctx.prefill(tokens)
+            logits.append(ctx.logits(-1).copy())
+            kept = sorted(read_cells(ctx, 0)[0].tolist())
+    assert np.array_equal(logits[0], logits[1]) and kept == list(range(len(tokens) - 4, len(tokens)))
+
+
+def fixed_priorities(prompt: int, generated: int, ratio: float, rng: np.random.Generator) -> float:
+    """The share of prompt tokens among those kept (the newest aside) at the end, by random
+    eviction's definition: each token gets a uniform score once; when the prompt has ended and
+    after each generated token, the newest and the highest scores up to the budget stay."""
+    scores, held = rng.random(prompt + generated), list(range(prompt))
+    for n in range(prompt, prompt + generated + 1):
+        held = held + [n - 1] if n > prompt else held
+        b = max(1, int(n * ratio))
+        if len(held) > b:
+            held = sorted(sorted(held[:-1], key=lambda p: -scores[p])[: b - 1]) + held[-1:]
+    return float(np.mean(np.array(held[:-1]) < prompt))
+
+
+def test_random_keeps_uniform_samples_by_fixed_priorities(tiny):
+    """Budget 0.25 after a 6-sentence prompt and 20 generated tokens, 12 seeds: the kept prompt
+    tokens spread uniformly over the prompt (RandomPress), and the prompt's share of what is
+    kept is what fixed random priorities give (computed here from the definition). Scores drawn
+    anew at each decode kept mostly recent tokens: a prompt share of 0.41 instead of 0.75."""
+    prompt = tiny.tokenize(" ".join([PROMPTS[0]] * 6))
+    shares, spread = [], []
+    for seed in range(12):
+        with tiny.context(OFF, parse_error("evict:random,0.25"), n_ctx=N_CTX, seed=seed) as ctx:
+            ((_, out),) = generate_all(ctx, [prompt], 20, ignore_eos=True)
+            positions = np.array(sorted(read_cells(ctx, 0)[0].tolist()))
+        n = len(prompt) + len(out.tokens) - 1  # the last token is never decoded
+        assert len(positions) == n // 4 and positions[-1] == n - 1
+        kept = positions[:-1]
+        shares.append(np.mean(kept < len(prompt)))
+        spread += (kept[kept < len(prompt) - 1] / (len(prompt) - 2)).tolist()
+    rng = np.random.default_rng(0)
+    expected = [fixed_priorities(len(prompt), len(out.tokens) - 1, 0.25, rng) for _ in range(2000)]
+    assert abs(np.mean(shares) - np.mean(expected)) < 4 * np.std(expected) / np.sqrt(12), (np.mean(shares), np.mean(expected))
+    assert abs(np.mean(spread) - 0.5) < 0.07, np.mean(spread)
 
 
 def test_random_keeps_the_budget_reproducibly_and_differently_per_seed(tiny):

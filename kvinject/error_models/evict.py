@@ -1,20 +1,25 @@
 """Eviction: tokens removed from llama.cpp's cache after a decode, as KV-cache compressors do.
 
-After every decode each sequence keeps at most a budget of its tokens, ``B(n)`` of the ``n`` it
-has decoded: a ratio (``budget=0.25``: ``floor(n / 4)``, at least 1) or a number of tokens
-(``budget=256``); the others are removed with ``llama_memory_seq_rm``, and the kept tokens keep
-their positions (as kvpress does). Every method keeps a sequence's newest token: llama.cpp
-requires the next position of a sequence to follow the last one it holds. llama.cpp holds a token in one cell for every layer and head,
-so one set is kept per sequence: scores are averaged over the query heads of each KV group
-(kvpress's GQA rule), over the groups and over the layers. Among equal scores the later token is
-kept. The methods, as defined by their papers' code (kvpress: github.com/NVIDIA/kvpress,
-kvpress/presses/):
+Once a prompt has been decoded whole, and after every decode that follows, each sequence keeps
+at most a budget of its tokens, ``B(n)`` of the ``n`` it has decoded: a ratio (``budget=0.25``:
+``floor(n / 4)``, at least 1) or a number of tokens (``budget=256``); the others are removed
+with ``llama_memory_seq_rm``, and the kept tokens keep their positions (as kvpress does). A
+prompt decoded in pieces is not cut between them: the references prefill a prompt in one pass
+with full attention before they compress, so every prompt token attends to the whole prompt
+(and H2O's sums count every prompt query). Every method keeps a sequence's newest token:
+llama.cpp requires the next position of a sequence to follow the last one it holds. llama.cpp
+holds a token in one cell for every layer and head, so one set is kept per sequence, where the
+references choose per layer (and kvpress, SnapKV and H2O per KV head): scores are the mean over
+the query heads and the layers. Among equal scores the later token is kept. The methods, as
+defined by their papers' code (kvpress: github.com/NVIDIA/kvpress, kvpress/presses/):
 
 - ``window``: the last B tokens.
 - ``streaming``: StreamingLLM (``StreamingLLMPress``): the first ``sinks`` tokens (at most B - 1)
   and the last B - sinks.
-- ``random``: the newest and B - 1 others drawn uniformly (``RandomPress``), from the item's
-  seeded stream.
+- ``random``: the newest and B - 1 others drawn uniformly (``RandomPress``): each token gets a
+  score from the item's seeded stream when it arrives, once, and the highest are kept, so the
+  kept set is a uniform sample of all the tokens so far (scores drawn anew at each decode would
+  favour recent tokens, the older having survived more draws).
 - ``tova``: TOVA (``TOVAPress``; schwartz-lab-NLP/TOVA): the decode's last query's attention,
   the lowest evicted.
 - ``h2o``: H2O (github.com/FMInference/H2O, h2o_hf/utils_real_drop/modify_llama.py,
@@ -132,8 +137,8 @@ class Evict(CacheResident):
     def after_decode(self, cache: ResidentCache, grown: list[tuple[int, int, int]]) -> None:
         for seq, n0, n1 in grown:
             held = cache.held(seq)
-            keep = getattr(self, f"_{self.method}")(cache, seq, held, n0, n1)
-            if keep is not None:
+            keep = getattr(self, f"_{self.method}")(cache, seq, held, n0, n1)  # scores accumulate at every decode
+            if keep is not None and cache.asked(seq):  # not within a prompt
                 cache.remove(seq, np.delete(held, keep))
 
     # Each method returns the indices into ``held`` (the tokens of ``seq`` in the cache, in
@@ -151,12 +156,14 @@ class Evict(CacheResident):
         return np.concatenate([np.arange(sinks), np.arange(len(held) - (b - sinks), len(held))])
 
     def _random(self, cache: ResidentCache, seq: int, held: np.ndarray, n0: int, n1: int) -> np.ndarray | None:
+        state = cache.state(seq)
+        state["scores"] = scores = np.concatenate([state.get("scores", np.zeros(0)), cache.draws(seq).take(n1 - n0)])
         b = self.kept(n1)
         if len(held) <= b:
             return None
-        scores = cache.draws(seq).take(len(held))
-        scores[-1] = np.inf
-        return top(scores, b)
+        mine = scores[held]
+        mine[-1] = np.inf
+        return top(mine, b)
 
     def _tova(self, cache: ResidentCache, seq: int, held: np.ndarray, n0: int, n1: int) -> np.ndarray | None:
         b = self.kept(n1)
@@ -191,5 +198,6 @@ class Evict(CacheResident):
             return None
         w = min(self.window, len(held))
         scores = state["window"][:, held[: len(held) - w]].mean(0)
-        pooled = np.convolve(scores, np.ones(self.kernel) / self.kernel, "same")  # zero-padded, as F.avg_pool1d
+        half = self.kernel // 2  # zero-padded, as F.avg_pool1d(padding=kernel // 2); "same" would widen fewer than kernel scores
+        pooled = np.convolve(scores, np.ones(self.kernel) / self.kernel, "full")[half : half + len(scores)]
         return np.concatenate([top(pooled, b - w), np.arange(len(held) - w, len(held))]) if b > w else np.arange(len(held) - b, len(held))

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
@@ -451,11 +452,18 @@ def sweep(
 
 
 def _run_sweep(sw) -> int:
-    """Run a sweep with a progress bar per cell group and its notices above them."""
+    """Run a sweep with a progress bar per cell group and its notices above them; where stderr
+    is no terminal (a cluster job's log), bars do not show: a timed line per stored run does."""
     with _progress() as progress:
+        log = (
+            None
+            if progress.console.is_terminal
+            else lambda line: progress.console.print(f"{time.strftime('%H:%M:%S')} {line}", markup=False, highlight=False, soft_wrap=True)
+        )
         return sw.run(
             lambda name, total: (lambda task: lambda n: progress.advance(task, n))(progress.add_task(name, total=total)),
             lambda message: progress.console.print(message, markup=False, highlight=False, soft_wrap=True),
+            log,
         )
 
 

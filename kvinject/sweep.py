@@ -116,7 +116,7 @@ class Sweep:
         speed = Speed(self.grid.parallel or CPU_PARALLEL)
         return sum(self.bench(p.cell).estimate_seconds(len(p.runs), speed) for p in planned)
 
-    def run(self, progress: Progress | None = None, notice: Callable[[str], None] | None = None) -> int:
+    def run(self, progress: Progress | None = None, notice: Callable[[str], None] | None = None, stored: Callable[[str], None] | None = None) -> int:
         """Evaluate what is missing, group by group; every finished run is stored at once.
 
         A group is claimed in the store before it is computed, so that workers sharing the store
@@ -125,7 +125,8 @@ class Sweep:
         heartbeat, refreshed every claim_timeout/4 s, is older than claim_timeout). While
         everything left is claimed by others the worker waits, looking every ``poll`` seconds,
         since a claim may still be given up or expire; it returns when nothing is left.
-        ``notice`` hears what it waits for and takes over. Returns the number of runs written."""
+        ``notice`` hears what it waits for and takes over, ``stored`` a line for each run stored
+        (for logs, where no progress bar shows). Returns the number of runs written."""
         notice = notice or (lambda message: None)
         total = sum(len(p.runs) for p in self.plan())  # hashes the models and reads the data before any lock
         bar = progress("all cells (runs)", total) if progress else (lambda n: None)
@@ -154,7 +155,7 @@ class Sweep:
                         time.sleep(self.poll)
                         continue
                     waiting = set()
-                    written += self._evaluate(members, models, backend, progress, overall)
+                    written += self._evaluate(members, models, backend, progress, overall, stored or (lambda line: None))
                     self.store.release(self.worker, self.group_key(members[0].cell.group))
         finally:
             self.store.release(self.worker)  # on Ctrl-C or an error: the others take over at once
@@ -187,7 +188,13 @@ class Sweep:
         return left, [], busy
 
     def _evaluate(
-        self, members: list[Planned], models: dict[str, Model], backend: BackendOptions, progress: Progress | None, overall: Callable[[int], None]
+        self,
+        members: list[Planned],
+        models: dict[str, Model],
+        backend: BackendOptions,
+        progress: Progress | None,
+        overall: Callable[[int], None],
+        stored: Callable[[str], None],
     ) -> int:
         """One group's missing runs, its control first; returns the number of runs written."""
         cell0 = members[0].cell
@@ -205,7 +212,13 @@ class Sweep:
             p = by_config.get(result.config)
             key, cell = (p.key, p.cell) if p else (control_key, control)
             settings = cell.settings(self.model_sha(cell.model)) | {"model": cell.model, "control": cell.control, "label": cell.config.label}
-            written += self.store.add(key, result.run, settings, result.to_dict(), self.worker)
+            added = self.store.add(key, result.run, settings, result.to_dict(), self.worker)
+            written += added
+            if added:  # not a control evaluated again for the runs left
+                value = result.metrics.get(bench.primary, float("nan"))
+                stored(
+                    f"stored {bench.name} {Path(cell.model).name} {cell.config.label} run {result.run}: {bench.primary} {value:.4g} ({result.seconds:.0f} s)"
+                )
             if p is not None:
                 overall(1)
         return written

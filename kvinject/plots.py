@@ -112,11 +112,13 @@ def heatmap(records: list[dict[str, Any]], path: Path) -> None:
 
 
 def family(label: str) -> str:
-    """The compressor family of a configuration label: its error model's name, or the native
-    cache type for ``none @q4_0``."""
+    """The compressor family of a configuration label: its error model's name, the native
+    cache type for ``none @q4_0``, or the method of an eviction (each a compressor of its own)."""
     name = re.split(r"[:\s@]", label, maxsplit=1)[0]
     if name == "none":
         return "native " + label.partition("@")[2] if "@" in label else "none"
+    if name == "evict":
+        return "evict " + re.split(r"[,\s@]", label.partition(":")[2], maxsplit=1)[0]
     return name
 
 

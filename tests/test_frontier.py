@@ -43,6 +43,8 @@ def test_pareto_keeps_exactly_the_undominated_points(seed: int) -> None:
         ("none @f16/q8_0", "native f16/q8_0"),
         ("quant:4,group=32", "quant"),
         ("float:e4m3,block=0 [v:all]", "float"),
+        ("evict:h2o,0.5,recent=0.5", "evict h2o"),
+        ("evict:window,256 @q8_0", "evict window"),
     ],
 )
 def test_family_of_a_label(label: str, expected: str) -> None:

@@ -4,8 +4,6 @@
 import io
 import json
 import sqlite3
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -13,7 +11,7 @@ import pytest
 
 from kvinject.plots import family, pareto
 
-PNG = b"\x89PNG\r\n\x1a\n"
+from .cli_runs import PNG, kvinject, swept
 
 
 def dominated(i: int, bits: np.ndarray, score: np.ndarray) -> bool:
@@ -66,14 +64,9 @@ spec = ["quant:4", "float:e4m3", "none@q8_0"]
 
 
 def test_report_draws_the_frontier_of_a_sweep(tmp_path, tiny_path):
-    grid = tmp_path / "grid.toml"
-    grid.write_text(GRID.format(model=tiny_path))
-    kvinject = [sys.executable, "-m", "kvinject"]
-    out = subprocess.run([*kvinject, "sweep", str(grid)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    store = str(grid.with_suffix(".results.sqlite"))
+    store = swept(tmp_path, GRID.format(model=tiny_path))
     png = tmp_path / "frontier.png"
-    out = subprocess.run([*kvinject, "report", store, "--frontier", str(png), "--all-metrics", "--format", "csv"], capture_output=True, text=True, timeout=300)
+    out = kvinject("report", store, "--frontier", png, "--all-metrics", "--format", "csv")
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == PNG
     table = pd.read_csv(io.StringIO(out.stdout))
@@ -104,16 +97,9 @@ spec = ["normal:0,0.5", "none@q4_0"]
 
 
 def test_report_metric_tabulates_and_draws_another_metric(tmp_path, tiny_path):
-    grid = tmp_path / "grid.toml"
-    grid.write_text(METRIC_GRID.format(model=tiny_path))
-    kvinject = [sys.executable, "-m", "kvinject"]
-    out = subprocess.run([*kvinject, "sweep", str(grid)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    store = grid.with_suffix(".results.sqlite")
+    store = swept(tmp_path, METRIC_GRID.format(model=tiny_path))
     png = tmp_path / "frontier.png"
-    out = subprocess.run(
-        [*kvinject, "report", str(store), "--metric", "token_match", "--frontier", str(png), "--format", "csv"], capture_output=True, text=True, timeout=300
-    )
+    out = kvinject("report", store, "--metric", "token_match", "--frontier", png, "--format", "csv")
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == PNG
     table = pd.read_csv(io.StringIO(out.stdout)).set_index("configuration")
@@ -123,6 +109,6 @@ def test_report_metric_tabulates_and_draws_another_metric(tmp_path, tiny_path):
         }
     assert set(table["metric"]) == {"token_match"} and len(stored) == 2  # the control has nothing to match
     assert table["score"].to_dict() == pytest.approx(stored)
-    out = subprocess.run([*kvinject, "report", str(store), "--metric", "tokens_matched"], capture_output=True, text=True, timeout=300)
+    out = kvinject("report", store, "--metric", "tokens_matched")
     assert out.returncode == 2 and "--metric tokens_matched: these benches report" in out.stderr and "token_match" in out.stderr
     assert "Traceback" not in out.stderr

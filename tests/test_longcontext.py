@@ -4,8 +4,6 @@ definitions, RULER's scoring on known answers, a run on the tiny model, and the 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import uuid
 from itertools import pairwise
 
@@ -23,7 +21,7 @@ from kvinject.plots import cell_scores, heatmap
 from kvinject.runner import run
 from kvinject.store import Store
 
-PNG = b"\x89PNG\r\n\x1a\n"
+from .cli_runs import PNG, kvinject, swept
 
 
 def needle_share(model, bench, index: int) -> float:
@@ -229,13 +227,9 @@ error = "none@q8_0"
 
 
 def test_report_draws_a_heatmap_from_a_sweep(tmp_path, tiny_path):
-    grid = tmp_path / "grid.toml"
-    grid.write_text(GRID.format(model=tiny_path))
-    kvinject = [sys.executable, "-m", "kvinject"]
-    out = subprocess.run([*kvinject, "sweep", str(grid)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    store = swept(tmp_path, GRID.format(model=tiny_path))
     png = tmp_path / "heat.png"
-    out = subprocess.run([*kvinject, "report", str(grid.with_suffix(".results.sqlite")), "--heatmap", str(png)], capture_output=True, text=True, timeout=300)
+    out = kvinject("report", store, "--heatmap", png)
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == PNG
 

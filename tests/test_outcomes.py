@@ -14,6 +14,7 @@ from kvinject.runner import run
 from kvinject.target import Target
 
 from .cache_state import read_cells
+from .cli_runs import PNG, kvinject, swept
 
 
 def test_each_item_gets_the_outcome_its_definition_says():
@@ -85,17 +86,10 @@ def test_faults_need_an_item_s_prompt(tiny):
 
 
 def test_report_draws_the_outcomes_of_a_campaign(tmp_path, tiny_path):
-    import subprocess
-    import sys
-
-    grid = tmp_path / "grid.toml"
-    grid.write_text(
-        f'[sweep]\nmodels = ["{tiny_path}"]\nruns = 1\n\n[bench.nexttoken]\nlimit = 4\n\n[[errors]]\nspec = ["faults:2,bit=14", "faults:2,bit=3"]\n'
+    store = swept(
+        tmp_path, f'[sweep]\nmodels = ["{tiny_path}"]\nruns = 1\n\n[bench.nexttoken]\nlimit = 4\n\n[[errors]]\nspec = ["faults:2,bit=14", "faults:2,bit=3"]\n'
     )
-    kvinject = [sys.executable, "-m", "kvinject"]
-    out = subprocess.run([*kvinject, "sweep", str(grid)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
     png = tmp_path / "outcomes.png"
-    out = subprocess.run([*kvinject, "report", str(grid.with_suffix(".results.sqlite")), "--outcomes", str(png)], capture_output=True, text=True, timeout=300)
+    out = kvinject("report", store, "--outcomes", png)
     assert out.returncode == 0, out.stderr
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.read_bytes()[:8] == PNG

@@ -1,8 +1,5 @@
 """`kvinject profile`: one error in one layer's K or V at a time, as a resumable sweep."""
 
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 
@@ -15,11 +12,11 @@ from kvinject.runner import run
 from kvinject.store import Store
 from kvinject.target import Target
 
-PNG = b"\x89PNG\r\n\x1a\n"
+from .cli_runs import PNG, kvinject
 
 
 def profile(*args):
-    return subprocess.run([sys.executable, "-m", "kvinject", "profile", *map(str, args)], capture_output=True, text=True, timeout=600)
+    return kvinject("profile", *args, timeout=600)
 
 
 def test_profile_maps_each_layer_and_component_as_a_targeted_run_measures_it(tmp_path, tiny_path, tiny):

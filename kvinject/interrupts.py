@@ -20,6 +20,7 @@ F = TypeVar("F", bound=Callable)
 
 _CALLBACKS: set[CodeType] = set()
 _RESEND_S = 0.05
+_resend: threading.Timer | None = None
 
 
 def callback(fn: F) -> F:
@@ -37,15 +38,29 @@ def _in_callback(frame: FrameType | None) -> bool:
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    global _resend
     if _in_callback(frame):
         # Sent again shortly from another thread (re-sent at once, it would land in this very
         # handler): it comes back here while the callback still runs, and once C has returned
-        # it waits for Python's next check, outside the callback.
-        timer = threading.Timer(_RESEND_S, _thread.interrupt_main, (signum,))
-        timer.daemon = True
-        timer.start()
+        # it waits for Python's next check, outside the callback. Presses meanwhile are one.
+        # A real signal to the main thread, as a press is: _thread.interrupt_main only sets
+        # Python's flag, which a blocking call (a sleep) does not notice until it returns.
+        if _resend is None or not _resend.is_alive():
+            _resend = threading.Timer(_RESEND_S, _send, (signum,))
+            _resend.daemon = True
+            _resend.start()
         return
+    if _resend is not None:  # this is the interrupt it would send: not a second one during the clean-up
+        _resend.cancel()
+        _resend = None
     raise KeyboardInterrupt
+
+
+def _send(signum: int) -> None:
+    if hasattr(signal, "pthread_kill"):
+        signal.pthread_kill(threading.main_thread().ident, signum)
+    else:  # Windows
+        _thread.interrupt_main(signum)
 
 
 def install() -> None:

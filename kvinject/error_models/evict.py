@@ -16,10 +16,11 @@ defined by their papers' code (kvpress: github.com/NVIDIA/kvpress, kvpress/press
 - ``window``: the last B tokens.
 - ``streaming``: StreamingLLM (``StreamingLLMPress``): the first ``sinks`` tokens (at most B - 1)
   and the last B - sinks.
-- ``random``: the newest and B - 1 others drawn uniformly (``RandomPress``): each token gets a
-  score from the item's seeded stream when it arrives, once, and the highest are kept, so the
-  kept set is a uniform sample of all the tokens so far (scores drawn anew at each decode would
-  favour recent tokens, the older having survived more draws).
+- ``random``: the newest and B - 1 others at random (``RandomPress``): each token gets a score
+  from the item's seeded stream once, when it arrives, and the highest are kept, so a prompt is
+  cut to a uniform sample of its tokens and the lowest score goes after each generated token
+  (scores drawn anew at each decode would favour recent tokens, the older having survived more
+  draws).
 - ``tova``: TOVA (``TOVAPress``; schwartz-lab-NLP/TOVA): the decode's last query's attention,
   the lowest evicted.
 - ``h2o``: H2O (github.com/FMInference/H2O, h2o_hf/utils_real_drop/modify_llama.py,

@@ -3,6 +3,7 @@ bench and configuration, with confidence intervals and the paired test (figures:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -147,13 +148,18 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         part = part.assign(model=part["model"].map(lambda m: Path(str(m)).name))
         settings = ["model", "model_sha256", "seed", "flash_attn", "kv_rotation", *(c for c in part.columns if c.startswith("option."))]
         shared = [c for c in settings if c in part.columns and part[c].astype(str).nunique(dropna=False) == 1]
-        values = {c.removeprefix("option."): part[c].iloc[0] for c in shared if pd.notna(part[c].iloc[0])}
+        values = {c.removeprefix("option."): part[c].iloc[0] for c in shared if _given(part[c].iloc[0])}
         # An option column holds floats where another bench lacks it (NaN): 3.0 is the limit 3.
         title = f"{bench}: {metric}, " + ", ".join(f"{k} {int(v) if isinstance(v, float) and v.is_integer() else v}" for k, v in values.items())
         part = part.assign(score=[f"{m:.4g} ± {s:.3g}" if pd.notna(s) else f"{m:.4g}" for m, s in zip(part["score"], part["std"])])
         drop = ["bench", "metric", "std", *shared] + (["nonfinite_items"] if not part["nonfinite_items"].any() else [])
         parts.append((title, part.drop(columns=[c for c in drop if c in part.columns])))
     return parts
+
+
+def _given(value: object) -> bool:
+    """Whether a setting has a value: not None or NaN (a list option such as depths is one)."""
+    return not (value is None or isinstance(value, float) and math.isnan(value))
 
 
 def render(table: pd.DataFrame, fmt: str) -> str:

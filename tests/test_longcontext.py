@@ -221,17 +221,26 @@ lengths = [256]
 depths = [0, 50, 100]
 samples = 1
 
+[bench.niah]
+lengths = [256]
+depths = [0, 100]
+samples = 1
+
 [[cells]]
 error = "none@q8_0"
 """
 
 
-def test_report_draws_a_heatmap_from_a_sweep(tmp_path, tiny_path):
+def test_report_tables_and_a_heatmap_from_a_sweep(tmp_path, tiny_path):
     store = swept(tmp_path, GRID.format(model=tiny_path))
     png = tmp_path / "heat.png"
     out = kvinject("report", store, "--heatmap", png)
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == PNG
+    # Each terminal table's title holds the options its rows share, list-valued ones included.
+    out = kvinject("report", store)
+    assert out.returncode == 0, out.stderr
+    assert "depths [0, 50, 100]" in out.stdout and "depths [0, 100]" in out.stdout
 
 
 @pytest.mark.slow

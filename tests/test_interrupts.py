@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import signal
+import subprocess
 import sys
 import time
 
@@ -100,3 +101,20 @@ def test_ctrl_c_in_the_hook_s_python_side_is_a_keyboard_interrupt(handler, tiny)
         ctx.prefill(tiny.tokenize("The quick brown fox jumps over the lazy dog."))
         time.sleep(5)
     ctx.close()
+
+
+def test_ctrl_c_while_the_cli_loads_ends_it_without_a_traceback():
+    # A real SIGINT sent while `kvinject` imports its modules: once the benchmarks have begun
+    # loading, well before the CLI module has finished (about a second here).
+    watcher = (
+        "import os, signal, sys, threading, time\n"
+        "def press():\n"
+        "    while 'kvinject.benchmarks' not in sys.modules: time.sleep(0.001)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "threading.Thread(target=press, daemon=True).start()\n"
+        "from kvinject.launch import main\n"
+        "sys.argv = ['kvinject', 'version']\n"
+        "main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", watcher], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 130 and out.stderr.strip() == "interrupted", out.stderr

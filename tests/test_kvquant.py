@@ -77,6 +77,29 @@ def reference_v(rows: np.ndarray, bits: int, outliers: float | None) -> np.ndarr
     return out
 
 
+def normalized(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """KVQuant's normalization to [-1, 1]: offset by the range's middle, divided by its half."""
+    return (x - (hi + lo) / np.float32(2)) / ((hi - lo) / np.float32(2))
+
+
+def reference_nuq(x: float, lo: float, hi: float, levels: np.ndarray) -> np.float32:
+    """One value normalized over [lo, hi], replaced by the nearest level (the first on a tie, as
+    argmin) and scaled back, in float32 (KVQuant's quant_fn_nuq_recon)."""
+    x, lo, hi = np.float32(x), np.float32(lo), np.float32(hi)
+    middle, half = (hi + lo) / np.float32(2), (hi - lo) / np.float32(2)
+    return middle + half * levels[np.argmin(np.abs(levels - (x - middle) / half))]
+
+
+def assert_k_means(values: np.ndarray, levels: np.ndarray) -> None:
+    """``levels`` are a k-means solution of ``values``: sorted, and each the mean of the values
+    nearest to it (Lloyd's fixed point), none without values."""
+    assert np.all(np.diff(levels) > 0)
+    nearest = np.argmin(np.abs(values[:, None] - levels[None, :].astype(np.float64)), axis=1)
+    for i, level in enumerate(levels):
+        assert (nearest == i).any(), f"level {i} holds no value"
+        assert values[nearest == i].mean() == pytest.approx(level, rel=1e-5, abs=1e-6), i
+
+
 class Replica:
     """A plain llama context whose own graph callback reads each layer's K as RoPE reads it (the
     ``Kcur-<il>`` reshape of the projection, in a llama graph) and may replace it."""
@@ -259,6 +282,7 @@ def test_the_plan_claims_what_rope_reads():
         ("kvquant:4,outliers=1", "outliers is a share"),
         ("kvquant:4,sinks=0", "sinks must be >= 1"),
         ("kvquant:4,calib=1", "calib must be >= 2"),
+        ("kvquant:4,levels=nf", "levels must be uniform or nuq"),
         ("kvquant:4,group=32", "has no option 'group'"),
     ],
 )
@@ -271,3 +295,43 @@ def test_specs_name_only_the_options_given_and_parse_back():
     assert parse_error("kvquant:4").spec == "kvquant:4,site=pre-rope"
     spec = parse_error("kvquant:3,outliers=0.01,sinks=1,site=post-rope").spec
     assert spec == "kvquant:3,site=post-rope,outliers=0.01,sinks=1" and parse_error(spec).spec == spec
+    assert parse_error("kvquant:4,levels=uniform").spec == "kvquant:4,site=pre-rope", "the default, one spec"
+    assert parse_error("kvquant:2,levels=nuq").spec == "kvquant:2,site=pre-rope,levels=nuq"
+
+
+def test_nuq_levels_are_k_means_of_the_normalized_calibration_and_the_cache_holds_the_nearest(tiny):
+    """levels=nuq, post-RoPE, 5% outliers, 3 bits: K's levels are the k-means of the calibration's
+    K normalized per channel over its percentiles (outliers out), V's of the calibration's V
+    normalized per token over its dense range; the cache holds each value's nearest level."""
+    spec = f"kvquant:3,site=post-rope,outliers=0.05,levels=nuq,calib={CALIB}"
+    fitted = parse_error(spec).fit(tiny, F32)
+    with tiny.context(F32, n_ctx=CALIB) as ctx:
+        ctx.prefill(calibration_tokens(tiny, CALIB))
+        calibration = read_cache(ctx)
+    k_lo, k_hi = (np.float32(q) for q in np.percentile(calibration["k", 0], [2.5, 97.5], axis=0))
+    k = normalized(calibration["k", 0], k_lo, k_hi).ravel().astype(np.float64)
+    assert_k_means(k[np.abs(k) <= 1], fitted.k_levels[0])
+    v_rows = []
+    for row in calibration["v", 0]:
+        lo_t, hi_t = np.percentile(row, [2.5, 97.5])
+        dense = row[(row > lo_t) & (row < hi_t)]
+        v_rows.append(normalized(dense, dense.min(), dense.max()))
+    assert_k_means(np.concatenate(v_rows).astype(np.float64), fitted.v_levels[0])
+    assert fitted.k_levels.shape == fitted.v_levels.shape == (tiny.n_layer, 8)
+
+    got, clean = checked(tiny, spec, n_batch=8), checked(tiny, "none")
+    expect_k = clean["k", 0].copy()
+    for (t, c), x in np.ndenumerate(clean["k", 0]):
+        if k_lo[c] <= x <= k_hi[c]:
+            expect_k[t, c] = reference_nuq(x, k_lo[c], k_hi[c], fitted.k_levels[0])
+    assert np.array_equal(got["k", 0], expect_k)
+    expect_v = clean["v", 0].copy()
+    for t, row in enumerate(clean["v", 0]):
+        lo_t, hi_t = np.percentile(row, [2.5, 97.5])
+        dense = (row > lo_t) & (row < hi_t)
+        for c in np.flatnonzero(dense):
+            expect_v[t, c] = reference_nuq(row[c], row[dense].min(), row[dense].max(), fitted.v_levels[0])
+    assert np.array_equal(got["v", 0], expect_v)
+    # Non-uniform: the levels are not the uniform grid's, and the cache differs from uniform's.
+    assert not np.allclose(np.diff(fitted.k_levels[0]), np.diff(fitted.k_levels[0]).mean(), rtol=0.05)
+    assert not np.array_equal(got["k", 0], checked(tiny, spec.replace(",levels=nuq", ""), n_batch=8)["k", 0])

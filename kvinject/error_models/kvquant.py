@@ -13,10 +13,15 @@ quant/kvquant/simquant_module_quantizer.py):
 - Both asymmetric round-to-nearest over [lo, hi]: ``scale = (hi - lo) / (2^bits - 1)``,
   ``x' = lo + clip(round((x - lo) / scale), 0, 2^bits - 1) * scale``.
 - The first ``sinks`` tokens of every sequence stay exact (attention-sink aware quantization).
+- ``levels=nuq``: KVQuant's non-uniform datatype, without its sensitivity weights (they need
+  the model's gradients; its code's ``fisher=None`` path): per layer, for K and for V, the
+  2^bits centroids of a 1-D k-means over the calibration values normalized to [-1, 1] by their
+  ranges (outliers left out); at inference a value is normalized the same way, rounded to the
+  nearest centroid and scaled back (``quant_fn_nuq_recon``).
 
 Calibration runs the model over the first ``calib`` tokens of the bundled encyclopedic
 articles (KVQuant: 16 samples of 2048 Wikitext-2 tokens) and reads every layer's K at the site
-it is quantized at; ``apply`` alone, without a model, takes the rows it is given as their own
+it is quantized at (and V, for ``nuq``); ``apply`` alone, without a model, takes the rows it is given as their own
 calibration.
 """
 
@@ -37,11 +42,13 @@ if TYPE_CHECKING:
     from ..options import CacheOptions
 
 SITES = ("pre-rope", "post-rope")
+LEVELS = ("uniform", "nuq")
+LLOYD_ITERATIONS = 10_000  # at most; 1-D Lloyd on the tests' and SmolLM2's values converges in tens to hundreds
 CALIBRATION_TOKENS = 2048
 OUTLIER_BITS = 16 + 16  # an outlier's fp16 value and its int16 index in the row (KVQuant's sparse rows)
 POINTER_BITS = 32  # and one int32 row pointer per token of the sparse matrix
-# Calibrated ranges: (model path, cache, site, calib, outliers, sinks) -> (lower, upper) per layer.
-_CALIBRATED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+# Calibrated K ranges and levels: (model path, cache, options) -> _Fitted's arrays, per layer.
+_CALIBRATED: dict[tuple, tuple[np.ndarray, ...]] = {}
 
 
 def quantize(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, bits: int) -> np.ndarray:
@@ -52,6 +59,36 @@ def quantize(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, bits: int) -> np.nda
     return (lo + levels * scale).astype(np.float32)
 
 
+def nuq_levels(normalized: np.ndarray, bits: int) -> np.ndarray:
+    """The 2^bits levels, sorted, of a 1-D k-means over normalized calibration values; those
+    beyond [-1, 1] (outliers) are left out, as in KVQuant's fit. Lloyd's algorithm from the
+    values' quantiles until no value changes level (KVQuant: scikit-learn's k-means++ with at
+    most 50 iterations, which stops short of that on these values); in one dimension each level
+    holds a run of the sorted values, so an iteration is a search and a difference of sums."""
+    values = np.sort(normalized[np.abs(normalized) <= 1].astype(np.float64))
+    k = 2**bits
+    sums = np.concatenate([[0], np.cumsum(values)])
+    levels = np.quantile(values, (np.arange(k) + 0.5) / k)
+    for _ in range(LLOYD_ITERATIONS):
+        # A value halfway between two levels goes to the lower, as an argmin over levels sends it.
+        bounds = np.concatenate([[0], np.searchsorted(values, (levels[1:] + levels[:-1]) / 2, side="right"), [len(values)]])
+        counts = np.diff(bounds)
+        new = np.where(counts > 0, (sums[bounds[1:]] - sums[bounds[:-1]]) / np.maximum(counts, 1), levels)
+        if np.array_equal(new, levels):
+            break
+        levels = new
+    return levels.astype(np.float32)
+
+
+def quantize_nuq(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Normalize to [-1, 1] over [lo, hi] (broadcast), round to the nearest level (the lower one
+    on a tie, as KVQuant's argmin) and scale back; a range of zero width reads back as its middle."""
+    middle, half = (hi + lo) / np.float32(2), (hi - lo) / np.float32(2)
+    normalized = (x - middle) / np.where(half == 0, np.float32(1), half)
+    nearest = levels[np.searchsorted((levels[1:] + levels[:-1]) / np.float32(2), normalized)]
+    return (middle + half * nearest).astype(np.float32)
+
+
 def k_ranges(calibration: np.ndarray, outliers: float | None) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel lower and upper thresholds of calibration rows (tokens, channels)."""
     if outliers is None:
@@ -60,25 +97,32 @@ def k_ranges(calibration: np.ndarray, outliers: float | None) -> tuple[np.ndarra
     return lo.astype(np.float32), hi.astype(np.float32)
 
 
-def quantize_k(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, bits: int, outliers: float | None) -> None:
-    """K rows in place, per channel over the calibrated [lo, hi]; beyond them exact with outliers."""
-    q = quantize(x, lo, hi, bits)
+def quantize_k(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, bits: int, outliers: float | None, levels: np.ndarray | None = None) -> None:
+    """K rows in place, per channel over the calibrated [lo, hi] (onto ``levels`` if given);
+    beyond them exact with outliers."""
+    q = quantize(x, lo, hi, bits) if levels is None else quantize_nuq(x, lo, hi, levels)
     if outliers is not None:
         q = np.where((x < lo) | (x > hi), x, q)
     x[...] = q
 
 
-def quantize_v(x: np.ndarray, bits: int, outliers: float | None) -> None:
-    """V rows in place, per token; with outliers, each row's tails beyond its percentiles exact."""
+def v_ranges(x: np.ndarray, outliers: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Each row's dense range and its outliers: with ``outliers``, the values at or beyond the
+    row's percentiles, and the others' minimum and maximum; without, the row's."""
     if outliers is None:
-        x[...] = quantize(x, x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True), bits)
-        return
+        return x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True), None
     lo_t, hi_t = np.percentile(x, [50 * outliers, 100 - 50 * outliers], axis=1, keepdims=True)
     sparse = (x <= lo_t) | (x >= hi_t)
-    lo = np.where(sparse, np.inf, x).min(axis=1, keepdims=True)
-    hi = np.where(sparse, -np.inf, x).max(axis=1, keepdims=True)
+    return np.where(sparse, np.inf, x).min(axis=1, keepdims=True), np.where(sparse, -np.inf, x).max(axis=1, keepdims=True), sparse
+
+
+def quantize_v(x: np.ndarray, bits: int, outliers: float | None, levels: np.ndarray | None = None) -> None:
+    """V rows in place, per token over each row's dense range (onto ``levels`` if given); with
+    outliers, each row's tails beyond its percentiles exact."""
+    lo, hi, sparse = v_ranges(x, outliers)
     with np.errstate(invalid="ignore"):  # a constant row is all outliers: no dense range, nothing quantized
-        x[...] = np.where(sparse, x, quantize(x, lo, hi, bits))
+        q = quantize(x, lo, hi, bits) if levels is None else quantize_nuq(x, lo, hi, levels)
+        x[...] = q if sparse is None else np.where(sparse, x, q)
 
 
 @register
@@ -89,11 +133,13 @@ class KVQuant(ErrorModel):
     outliers: float | None = None
     sinks: int | None = None
     calib: int | None = None
+    levels: str | None = None  # None: uniform
     name: ClassVar[str] = "kvquant"
-    syntax: ClassVar[str] = "kvquant:BITS[,site=pre-rope|post-rope][,outliers=P][,sinks=N][,calib=T]"
+    syntax: ClassVar[str] = "kvquant:BITS[,site=pre-rope|post-rope][,outliers=P][,sinks=N][,calib=T][,levels=uniform|nuq]"
     summary: ClassVar[str] = (
         "KVQuant: K per channel (before RoPE unless site=post-rope) over ranges calibrated on T tokens of bundled text (default 2048), "
-        "V per token; the share P of outliers kept exact (dense-and-sparse), the first N tokens exact (attention sinks)."
+        "V per token; the share P of outliers kept exact (dense-and-sparse), the first N tokens exact (attention sinks); "
+        "levels=nuq: per-layer non-uniform levels from k-means on the calibration values."
     )
     example: ClassVar[str] = "kvquant:4,outliers=0.01"
 
@@ -108,6 +154,10 @@ class KVQuant(ErrorModel):
             raise SpecError(f"'kvquant': sinks must be >= 1 (leave it out for none), got {self.sinks}")
         if self.calib is not None and self.calib < 2:
             raise SpecError(f"'kvquant': calib must be >= 2 tokens, got {self.calib}")
+        if self.levels is not None and self.levels not in LEVELS:
+            raise SpecError(f"'kvquant': levels must be {' or '.join(LEVELS)}, got '{self.levels}'")
+        if self.levels == "uniform":  # the default, written once: one spec, one store key
+            object.__setattr__(self, "levels", None)
 
     @property
     def pre_rope(self) -> bool:
@@ -117,10 +167,15 @@ class KVQuant(ErrorModel):
     def sink_tokens(self) -> int:
         return self.sinks or 0
 
+    @property
+    def nuq(self) -> bool:
+        return self.levels == "nuq"
+
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         """BITS, V's fp16 scale and zero point per token (K's per channel are the model's,
         calibrated once), and each outlier's value and index with a row pointer per token; the
-        sink tokens at the cache's bits, in the share they hold of ``lengths``."""
+        sink tokens at the cache's bits, in the share they hold of ``lengths``. ``nuq``'s levels
+        are the model's too (2^BITS per layer)."""
         per_row = (32 if component == "v" else 0) + (POINTER_BITS if self.outliers is not None else 0)
         quantized = self.bits + (self.outliers or 0) * OUTLIER_BITS + (per_row / row if row else 0)
         total = sum(lengths)
@@ -128,27 +183,41 @@ class KVQuant(ErrorModel):
         return (1 - exact) * quantized + exact * stored
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
-        """Without a model: K's ranges calibrated on ``x`` itself."""
+        """Without a model: K's ranges (and levels) calibrated on ``x`` itself."""
         lo, hi = k_ranges(x, self.outliers)
-        quantize_k(x, lo, hi, self.bits, self.outliers)
+        quantize_k(x, lo, hi, self.bits, self.outliers, self.k_levels(x, lo, hi) if self.nuq else None)
+
+    def k_levels(self, calibration: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """nuq's K levels: calibration rows normalized per channel by the calibrated ranges."""
+        return nuq_levels((calibration - (hi + lo) / 2) / np.where(hi == lo, 1, (hi - lo) / 2), self.bits)
+
+    def v_levels(self, calibration: np.ndarray) -> np.ndarray:
+        """nuq's V levels: calibration rows normalized per token as at inference, outliers out."""
+        lo, hi, sparse = v_ranges(calibration, self.outliers)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            normalized = (calibration - (hi + lo) / 2) / ((hi - lo) / 2)
+        return nuq_levels(normalized if sparse is None else normalized[~sparse], self.bits)
 
     def fit(self, model: Model, cache: CacheOptions) -> ErrorModel:
         calib = self.calib or CALIBRATION_TOKENS
-        key = (str(model.path), cache, self.site, calib, self.outliers, self.sink_tokens)
+        key = (str(model.path), cache, self.site, calib, self.outliers, self.sink_tokens, self.bits if self.nuq else None)
         if key not in _CALIBRATED:
-            rows = _calibration_rows(model, cache, self.pre_rope, calib)
-            ranges = [k_ranges(r[self.sink_tokens :], self.outliers) for r in rows]
-            _CALIBRATED[key] = tuple(np.stack(side) for side in zip(*ranges))
+            rows = _calibration_rows(model, cache, self.pre_rope, calib, self.nuq)
+            k, v = ([r[self.sink_tokens :] for r in rows[c]] for c in "kv")
+            lo, hi = (np.stack(side) for side in zip(*(k_ranges(r, self.outliers) for r in k)))
+            levels = (np.stack([self.k_levels(*a) for a in zip(k, lo, hi)]), np.stack([self.v_levels(r) for r in v])) if self.nuq else ()
+            _CALIBRATED[key] = (lo, hi, *levels)
         return _Fitted(self, *_CALIBRATED[key])
 
 
 class _Fitted(ErrorModel):
-    """A kvquant model with its K ranges calibrated on one model: (layers, channels) each."""
+    """A kvquant model calibrated on one model: K's ranges, (layers, channels) each, and with
+    nuq the levels of K and of V, (layers, 2^bits) each."""
 
     name = syntax = summary = example = "kvquant"
 
-    def __init__(self, model: KVQuant, lo: np.ndarray, hi: np.ndarray):
-        self.model, self.lo, self.hi = model, lo, hi
+    def __init__(self, model: KVQuant, lo: np.ndarray, hi: np.ndarray, k_levels: np.ndarray | None = None, v_levels: np.ndarray | None = None):
+        self.model, self.lo, self.hi, self.k_levels, self.v_levels = model, lo, hi, k_levels, v_levels
 
     @property
     def pre_rope(self) -> bool:
@@ -159,19 +228,19 @@ class _Fitted(ErrorModel):
 
     def apply_at(self, x: np.ndarray, draws: Draws | None, component: str, layer: int) -> None:
         if component == "k":
-            quantize_k(x, self.lo[layer], self.hi[layer], self.model.bits, self.model.outliers)
+            quantize_k(x, self.lo[layer], self.hi[layer], self.model.bits, self.model.outliers, None if self.k_levels is None else self.k_levels[layer])
         else:
-            quantize_v(x, self.model.bits, self.model.outliers)
+            quantize_v(x, self.model.bits, self.model.outliers, None if self.v_levels is None else self.v_levels[layer])
 
 
 class _Capture(ErrorModel):
-    """Records every layer's K rows as they pass, before or after RoPE; changes nothing."""
+    """Records every layer's K (K before or after RoPE) or V rows as they pass; changes nothing."""
 
     name = syntax = summary = example = "kvquant-calibration"
 
     def __init__(self, pre_rope: bool):
         self._pre_rope = pre_rope
-        self.rows: dict[int, list[np.ndarray]] = {}
+        self.rows: dict[tuple[str, int], list[np.ndarray]] = {}
 
     @property
     def pre_rope(self) -> bool:
@@ -181,7 +250,7 @@ class _Capture(ErrorModel):
         raise NotImplementedError("the calibration capture reads rows per layer")
 
     def apply_at(self, x: np.ndarray, draws: Draws | None, component: str, layer: int) -> None:
-        self.rows.setdefault(layer, []).append(x.copy())
+        self.rows.setdefault((component, layer), []).append(x.copy())
 
 
 def calibration_tokens(model: Model, n: int) -> list[int]:
@@ -194,9 +263,11 @@ def calibration_tokens(model: Model, n: int) -> list[int]:
     raise SpecError(f"'kvquant': calib={n} asks for more tokens than the bundled articles hold ({len(tokens)})")
 
 
-def _calibration_rows(model: Model, cache: CacheOptions, pre_rope: bool, n: int) -> list[np.ndarray]:
-    """Every layer's K rows (tokens, channels) over the calibration tokens, unquantized."""
+def _calibration_rows(model: Model, cache: CacheOptions, pre_rope: bool, n: int, v: bool) -> dict[str, list[np.ndarray]]:
+    """Every layer's K rows (tokens, channels) over the calibration tokens, unquantized, and
+    with ``v`` its V rows: per component, a list over layers (V's empty without ``v``)."""
     capture = _Capture(pre_rope)
-    with model.context(cache, capture, Target("k"), n_ctx=n) as ctx:
+    components = "kv" if v else "k"
+    with model.context(cache, capture, Target(components), n_ctx=n) as ctx:
         ctx.prefill(calibration_tokens(model, n))
-    return [np.concatenate(capture.rows[layer]) for layer in range(model.n_layer)]
+    return {c: [np.concatenate(capture.rows[c, layer]) for layer in range(model.n_layer)] if c in components else [] for c in "kv"}

@@ -21,8 +21,8 @@ quant/kvquant/simquant_module_quantizer.py):
 
 Calibration runs the model over the first ``calib`` tokens of the bundled encyclopedic
 articles (KVQuant: 16 samples of 2048 Wikitext-2 tokens) and reads every layer's K at the site
-it is quantized at (and V, for ``nuq``); ``apply`` alone, without a model, takes the rows it is given as their own
-calibration.
+it is quantized at (and V, for ``nuq``); ``apply`` alone, without a model, takes the rows it is
+given as their own calibration.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 SITES = ("pre-rope", "post-rope")
 LEVELS = ("uniform", "nuq")
-LLOYD_ITERATIONS = 10_000  # at most; 1-D Lloyd on the tests' and SmolLM2's values converges in tens to hundreds
+LLOYD_ITERATIONS = 10_000  # a bound only: Lloyd's algorithm stops once no value changes level
 CALIBRATION_TOKENS = 2048
 OUTLIER_BITS = 16 + 16  # an outlier's fp16 value and its int16 index in the row (KVQuant's sparse rows)
 POINTER_BITS = 32  # and one int32 row pointer per token of the sparse matrix
@@ -62,9 +62,9 @@ def quantize(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, bits: int) -> np.nda
 def nuq_levels(normalized: np.ndarray, bits: int) -> np.ndarray:
     """The 2^bits levels, sorted, of a 1-D k-means over normalized calibration values; those
     beyond [-1, 1] (outliers) are left out, as in KVQuant's fit. Lloyd's algorithm from the
-    values' quantiles until no value changes level (KVQuant: scikit-learn's k-means++ with at
-    most 50 iterations, which stops short of that on these values); in one dimension each level
-    holds a run of the sorted values, so an iteration is a search and a difference of sums."""
+    values' quantiles until no value changes level (KVQuant: scikit-learn's k-means++, at most 50
+    iterations; docs/compressors.md); in one dimension each level holds a run of the sorted
+    values, so an iteration is a search and a difference of sums."""
     values = np.sort(normalized[np.abs(normalized) <= 1].astype(np.float64))
     k = 2**bits
     sums = np.concatenate([[0], np.cumsum(values)])

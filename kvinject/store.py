@@ -197,6 +197,21 @@ class Store:
         )
         return cursor.rowcount == 1
 
+    def record(self, cell: str, run: int) -> dict[str, Any] | None:
+        """One stored run's record, or None."""
+        with self._errors():
+            row = self._db.execute("SELECT record FROM runs WHERE cell = ? AND run = ?", (cell, run)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def add_outputs(self, cell: str, run: int, outputs: list[list[int]]) -> None:
+        """Give a run stored without its generated tokens (before session 10) those of the
+        same run evaluated again."""
+        with self._errors():
+            self._db.execute(
+                "UPDATE runs SET record = json_set(record, '$.outputs', json(?)) WHERE cell = ? AND run = ? AND json_extract(record, '$.outputs') IS NULL",
+                (json.dumps(outputs), cell, run),
+            )
+
     def records(self) -> Iterator[dict[str, Any]]:
         with self._errors():
             for cell, run, settings, record in self._db.execute("SELECT cell, run, settings, record FROM runs ORDER BY rowid"):

@@ -202,17 +202,23 @@ class Sweep:
         model = models.get(cell0.model) or models.setdefault(cell0.model, Model(cell0.model, backend))
         bench = self.bench(cell0)
         bench.prepare(model)
-        # The control always runs first: divergence and KL divergence are measured against it.
+        # The control comes first: divergence and KL divergence are measured against it. Where
+        # its stored run holds what the comparisons need (a generation bench's tokens), it
+        # stands for the control, which is not evaluated again.
         control_key = control.key(self.model_sha(control.model))
-        plan = [(control.config, [0])] + [(p.cell.config, p.runs) for p in members if not p.cell.control]
+        stored_control = self.store.record(control_key, 0)
+        golden = bench.golden(stored_control) if stored_control is not None else None
+        plan = [(control.config, [0] if golden is None else [])] + [(p.cell.config, p.runs) for p in members if not p.cell.control]
         by_config = {p.cell.config: p for p in members}
         advance = progress(f"{bench.name} {cell0.model}", bench.work(plan)) if progress else (lambda n: None)
         written = 0
-        for result in bench.evaluate(model, plan, cell0.seed, advance):
+        for result in bench.evaluate(model, plan, cell0.seed, advance, golden):
             p = by_config.get(result.config)
             key, cell = (p.key, p.cell) if p else (control_key, control)
             settings = cell.settings(self.model_sha(cell.model)) | {"model": cell.model, "control": cell.control, "label": cell.config.label}
             added = self.store.add(key, result.run, settings, result.to_dict(), self.worker)
+            if not added and p is None and result.outputs is not None:  # a control stored without its tokens: they are now
+                self.store.add_outputs(key, result.run, result.outputs)
             written += added
             if added:  # not a control evaluated again for the runs left
                 value = result.metrics.get(bench.primary, float("nan"))

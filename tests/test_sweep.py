@@ -36,9 +36,9 @@ mean = 0
 std = [0.25, 0.5]
 
 [[cells]]
-error = "none@q8_0"
+error = "none@bf16"
 """
-# Per bench: the control and none@q8_0 once each (no randomness), two noisy configurations twice.
+# Per bench: the control and none@bf16 once each (no randomness), two noisy configurations twice.
 EXPECTED_RUNS = 2 * (1 + 1 + 2 * 2)
 
 
@@ -75,7 +75,7 @@ def claims(store):
 def test_ranges_expand_and_the_cells_are_the_cross_product(tmp_path):
     grid = load_grid(write_grid(tmp_path, "smollm2", text=GRID.replace("std = [0.25, 0.5]", "std = {{start = 0, stop = 1, step = 0.125}}")))
     labels = [c.config.label for c in grid.cells if c.bench == "nexttoken"]
-    assert labels[0] == "none" and labels[-1] == "none @q8_0"
+    assert labels[0] == "none" and labels[-1] == "none @bf16"
     assert [label for label in labels if label.startswith("normal")] == [f"normal:0,{v:g}" for v in [i * 0.125 for i in range(9)]]
     assert sum(c.control for c in grid.cells) == 2
 
@@ -311,7 +311,7 @@ def test_shards_split_the_cells_and_report_merges_them(tmp_path, tiny_path):
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert {(r["bench"], r["configuration"]) for r in rows} == {
-        (b, c) for b in ("nexttoken", "perplexity") for c in ("none", "none @q8_0", "normal:0,0.25", "normal:0,0.5")
+        (b, c) for b in ("nexttoken", "perplexity") for c in ("none", "none @bf16", "normal:0,0.25", "normal:0,0.5")
     }
     control = [r for r in rows if r["configuration"] == "none"]
     assert all(r["% control"] == pytest.approx(100) for r in control if r["score"])
@@ -370,3 +370,72 @@ def test_report_rows_from_different_grids_show_the_settings_they_differ_in(tmp_p
     assert table.returncode == 0, table.stderr
     assert "option.limit" in table.stdout and "nexttoken: accuracy, model tiny-llama.gguf" in table.stdout
     assert max(map(len, table.stdout.splitlines())) <= 100 and "…" not in table.stdout
+
+
+RESUME_GRID = """
+[sweep]
+models = ["{model}"]
+runs = 1
+control = "recompute@f32"
+flash_attn = "off"
+
+[bench.gsm8k]
+limit = 4
+shots = 1
+max_tokens = 24
+
+[[errors]]
+spec = {specs}
+"""
+
+
+def swept_units(grid, store) -> int:
+    """Run the sweep of ``grid`` on ``store``; the items it evaluated (its progress units)."""
+    units = []
+
+    def progress(name, total):
+        if name.startswith("gsm8k"):
+            units.append(total)
+        return lambda n: None
+
+    Sweep(load_grid(grid), store).run(progress)
+    return sum(units)
+
+
+def gsm8k_records(store) -> dict[str, dict]:
+    return {r["label"]: r for r in store.records()}
+
+
+def test_a_resumed_generation_sweep_takes_the_control_from_the_store(tmp_path, tiny_path):
+    """A store that holds the control's run gives later configurations its tokens and scores:
+    the control is not generated again (cache-free generation is the slowest configuration),
+    and what is stored equals an uninterrupted sweep's. A control stored without its tokens (an
+    older store) is evaluated again once, and gets them."""
+    full = tmp_path / "full.toml"
+    full.write_text(RESUME_GRID.format(model=tiny_path, specs='["none@f16", "none@bf16"]'))
+    first = tmp_path / "first.toml"
+    first.write_text(RESUME_GRID.format(model=tiny_path, specs='["none@f16"]'))
+    with Store(tmp_path / "whole.sqlite") as whole:
+        assert swept_units(full, whole) == 3 * 4
+        expected = gsm8k_records(whole)
+    with Store(tmp_path / "resumed.sqlite") as resumed:
+        assert swept_units(first, resumed) == 2 * 4
+        assert swept_units(full, resumed) == 4, "only none@bf16's items: the control came from the store"
+        got = gsm8k_records(resumed)
+    assert set(got) == set(expected) == {"recompute @f32", "none", "none @bf16"}
+    control = expected["recompute @f32"]
+    assert len(control["outputs"]) == 4 and all(len(tokens) > 0 for tokens in control["outputs"])
+    for label, record in expected.items():
+        assert got[label]["outputs"] == record["outputs"], label
+        assert got[label]["metrics"] | {"seconds": 0} == record["metrics"] | {"seconds": 0}, label
+        assert got[label]["items"] == record["items"], label
+    assert "flip_rate" in got["none @bf16"]["metrics"] and "token_match" in got["none @bf16"]["metrics"]
+
+    # An older store: its control's record has no tokens.
+    with Store(tmp_path / "whole.sqlite") as whole:
+        whole._db.execute("UPDATE runs SET record = json_remove(record, '$.outputs')")
+        whole._db.execute("DELETE FROM runs WHERE json_extract(settings, '$.label') = 'none @bf16'")
+        assert swept_units(full, whole) == 2 * 4, "the control again, then none@bf16"
+        again = gsm8k_records(whole)
+    assert again["recompute @f32"]["outputs"] == control["outputs"], "the control's tokens were added to its record"
+    assert again["none @bf16"]["metrics"] | {"seconds": 0} == expected["none @bf16"]["metrics"] | {"seconds": 0}

@@ -33,7 +33,7 @@ from ..exceptions import DataError
 from ..model import Model
 from ..realized import sumsq
 from ..speed import Speed
-from .base import Benchmark, Plan, Progress, RunResult
+from .base import Benchmark, Golden, Plan, Progress, RunResult
 from .options import Options, option
 
 
@@ -127,7 +127,7 @@ class Perplexity(Benchmark):
         self._n_chunk = min(self.chunks, n_max) if self.chunks else n_max
         return tokens
 
-    def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress) -> Iterator[RunResult]:
+    def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress, golden: Golden | None = None) -> Iterator[RunResult]:
         """Every job chunk by chunk against the control's probabilities, a batch of jobs at a
         time: each context holds the logits of a whole decode (100 MB for 512 tokens of a 49K
         vocabulary), so a profile's 60 jobs at once took 7.7 GB. Each batch recomputes the

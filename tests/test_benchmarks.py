@@ -80,7 +80,9 @@ def test_malformed_data_names_the_file_and_line(tmp_path):
 
 def test_divergence_counts_differing_outputs_and_first_difference():
     # Token match per item: 3 of 3 positions agree, 1 of 2, 1 of 2 (the longer output counts).
-    assert divergence([[1, 2, 3], [4, 5], [6]], [[1, 2, 3], [4, 9], [6, 7]]) == {"diverged": 2 / 3, "first_diff": 1.0, "token_match": (1 + 1 / 2 + 1 / 2) / 3}
+    metrics, items = divergence([[1, 2, 3], [4, 5], [6]], [[1, 2, 3], [4, 9], [6, 7]])
+    assert metrics == {"diverged": 2 / 3, "first_diff": 1.0, "token_match": (1 + 1 / 2 + 1 / 2) / 3}
+    assert items == {"diverged": [0, 1, 1], "token_match": [1, 1 / 2, 1 / 2]}
 
 
 def test_perplexity_matches_an_independent_per_position_computation(tiny, tmp_path):

@@ -181,7 +181,7 @@ class GenerationBenchmark(Benchmark):
         # Every generation bench has the divergence and drift metrics; tables show them where they were measured.
         cls.higher_is_better = {**getattr(cls, "higher_is_better", {}), **DIVERGENCE, **DRIFT, **OUTCOMES}
         cls.secondary = (*cls.secondary, *(m for m in ("flip_rate", "kld", "sdc") if m not in cls.secondary))
-        cls.binary = cls.binary | {"flipped", *OUTCOMES}
+        cls.binary = cls.binary | {"flipped", "diverged", *OUTCOMES}
 
     def __init__(self, options: Options | None = None, /, **values: object):
         super().__init__(options, **values)
@@ -303,7 +303,10 @@ class GenerationBenchmark(Benchmark):
         metrics, items = self.summarize(scores)
         if control is not None:
             items["due"] = due  # taken by evaluate, which classifies each item against the control
-        extra = divergence(control, outputs) if control is not None else {}
+        extra = {}
+        if control is not None:
+            extra, divergence_items = divergence(control, outputs)
+            items |= divergence_items
         if reference is not None:
             drift_metrics, drift_items = summarize_drift(drift)
             extra, items = {**extra, **drift_metrics}, {**items, **drift_items}
@@ -338,19 +341,22 @@ def nanmean(values: list[float]) -> float:
 DIVERGENCE = {"diverged": False, "first_diff": True, "token_match": True}  # what divergence() measures
 
 
-def divergence(control: list[list[int]], outputs: list[list[int]]) -> dict[str, float]:
+def divergence(control: list[list[int]], outputs: list[list[int]]) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Share of outputs that differ from the control's, the mean token position of the first
     difference among those (the FP16-vs-FP32 cache studies measure exactly this), and the mean
     share of token positions where output and control agree, over the longer of the two (the
-    token match by which eviction studies such as seed 004's compare with the full cache)."""
-    firsts, matches = [], []
+    token match by which eviction studies such as seed 004's compare with the full cache); with
+    each item's ``diverged`` and ``token_match``, whose intervals are then over items."""
+    firsts, matches, diverged = [], [], []
     for a, b in zip(control, outputs):
         matches.append(sum(x == y for x, y in zip(a, b)) / max(len(a), len(b), 1))
+        diverged.append(float(a != b))
         if a != b:
             n = min(len(a), len(b))
             firsts.append(next((i for i in range(n) if a[i] != b[i]), n))
-    return {
-        "diverged": len(firsts) / len(outputs) if outputs else float("nan"),
+    metrics = {
+        "diverged": float(np.mean(diverged)) if outputs else float("nan"),
         "first_diff": float(np.mean(firsts)) if firsts else float("nan"),
         "token_match": float(np.mean(matches)) if matches else float("nan"),
     }
+    return metrics, {"diverged": diverged, "token_match": matches}

@@ -3,6 +3,7 @@ memory frontier, sensitivity and divergence maps. Matplotlib is optional (the ``
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -134,9 +135,20 @@ def pareto(bits: np.ndarray, score: np.ndarray, higher_is_better: bool) -> np.nd
     return np.array(front, dtype=int)
 
 
+def interval(row: pd.Series) -> tuple[float, float]:
+    """A configuration's 95% interval: across runs, or for one run (a deterministic compressor)
+    the bootstrap over items; NaN where neither exists."""
+    if pd.notna(row["ci_low"]):
+        return row["ci_low"], row["ci_high"]
+    boot = row.get("bootstrap_ci")
+    if isinstance(boot, (list, tuple)) and len(boot) == 2 and None not in boot:
+        return boot[0], boot[1]
+    return math.nan, math.nan
+
+
 def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
     """Each bench's primary score (or `metric`) against bits per K/V element, one point per
-    configuration with its runs' 95% CI, the Pareto front drawn, one colour per compressor
+    configuration with its 95% CI (:func:`interval`), the Pareto front drawn, one colour per compressor
     family: compressors side by side at equal memory. A panel per model and bench."""
     table = df[primary_rows(df, metric)]
     bits = df[df["metric"] == "bits"].groupby(["model", "bench", "label"])["mean"].mean()
@@ -155,7 +167,7 @@ def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
         y = rows["mean"].to_numpy(float)
         texts = []
         for (label, row), xi in zip(rows.iterrows(), x):
-            lo, hi = row["ci_low"], row["ci_high"]
+            lo, hi = interval(row)
             err = [[row["mean"] - lo], [hi - row["mean"]]] if pd.notna(lo) else None
             f = family(row["label"])
             ax.errorbar(xi, row["mean"], yerr=err, fmt="o", color=colours[f], capsize=3, label=f)

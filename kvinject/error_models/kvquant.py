@@ -80,10 +80,16 @@ def nuq_levels(normalized: np.ndarray, bits: int) -> np.ndarray:
     return levels.astype(np.float32)
 
 
+def halves(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The middle of [lo, hi] and its half width: KVQuant's offset and range, by which nuq
+    normalizes to [-1, 1]."""
+    return (hi + lo) / np.float32(2), (hi - lo) / np.float32(2)
+
+
 def quantize_nuq(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: np.ndarray) -> np.ndarray:
     """Normalize to [-1, 1] over [lo, hi] (broadcast), round to the nearest level (the lower one
     on a tie, as KVQuant's argmin) and scale back; a range of zero width reads back as its middle."""
-    middle, half = (hi + lo) / np.float32(2), (hi - lo) / np.float32(2)
+    middle, half = halves(lo, hi)
     normalized = (x - middle) / np.where(half == 0, np.float32(1), half)
     nearest = levels[np.searchsorted((levels[1:] + levels[:-1]) / np.float32(2), normalized)]
     return (middle + half * nearest).astype(np.float32)
@@ -189,13 +195,15 @@ class KVQuant(ErrorModel):
 
     def k_levels(self, calibration: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """nuq's K levels: calibration rows normalized per channel by the calibrated ranges."""
-        return nuq_levels((calibration - (hi + lo) / 2) / np.where(hi == lo, 1, (hi - lo) / 2), self.bits)
+        middle, half = halves(lo, hi)
+        return nuq_levels((calibration - middle) / np.where(half == 0, 1, half), self.bits)
 
     def v_levels(self, calibration: np.ndarray) -> np.ndarray:
         """nuq's V levels: calibration rows normalized per token as at inference, outliers out."""
         lo, hi, sparse = v_ranges(calibration, self.outliers)
+        middle, half = halves(lo, hi)
         with np.errstate(invalid="ignore", divide="ignore"):
-            normalized = (calibration - (hi + lo) / 2) / ((hi - lo) / 2)
+            normalized = (calibration - middle) / half
         return nuq_levels(normalized if sparse is None else normalized[~sparse], self.bits)
 
     def fit(self, model: Model, cache: CacheOptions) -> ErrorModel:

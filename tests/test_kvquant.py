@@ -230,10 +230,13 @@ def test_sink_tokens_stay_exact(tiny, site):
     for component in "kv":
         assert np.array_equal(got[component, 0][:3], clean[component, 0][:3]), component
         assert not np.any(np.all(got[component, 0][3:] == clean[component, 0][3:], axis=1)), "every later token is quantized"
-    # Calibration leaves the sinks out: the thresholds are those of the calibration's later tokens.
+    # Calibration counts the sinks in K's ranges, as KVQuant's SimQuant.quantize takes its
+    # percentiles over every calibration token (its first_few_fp16 mask serves nuq's k-means only).
     if site == "post-rope":
-        reference = reference_k(clean["k", 0][3:], post_rope_calibration(tiny)[0][3:], 2, None)
+        calibration = post_rope_calibration(tiny)[0]
+        reference = reference_k(clean["k", 0][3:], calibration, 2, None)
         assert np.array_equal(got["k", 0][3:], reference)
+        assert not np.array_equal(reference, reference_k(clean["k", 0][3:], calibration[3:], 2, None)), "the sinks widen the ranges"
 
 
 def test_bits_count_scales_outliers_and_sinks_at_the_run_s_lengths(tiny):
@@ -299,20 +302,23 @@ def test_specs_name_only_the_options_given_and_parse_back():
     assert parse_error("kvquant:2,levels=nuq").spec == "kvquant:2,site=pre-rope,levels=nuq"
 
 
-def test_nuq_levels_are_k_means_of_the_normalized_calibration_and_the_cache_holds_the_nearest(tiny):
+@pytest.mark.parametrize("sinks", [0, 3])
+def test_nuq_levels_are_k_means_of_the_normalized_calibration_and_the_cache_holds_the_nearest(tiny, sinks):
     """levels=nuq, post-RoPE, 5% outliers, 3 bits: K's levels are the k-means of the calibration's
     K normalized per channel over its percentiles (outliers out), V's of the calibration's V
-    normalized per token over its dense range; the cache holds each value's nearest level."""
-    spec = f"kvquant:3,site=post-rope,outliers=0.05,levels=nuq,calib={CALIB}"
+    normalized per token over its dense range; the cache holds each value's nearest level. With
+    sinks, K's percentiles still span every calibration token and the k-means leaves the sinks
+    out (KVQuant's first_few_fp16), and the sinks stay exact in the cache."""
+    spec = f"kvquant:3,site=post-rope,outliers=0.05,levels=nuq,calib={CALIB}" + (f",sinks={sinks}" if sinks else "")
     fitted = parse_error(spec).fit(tiny, F32)
     with tiny.context(F32, n_ctx=CALIB) as ctx:
         ctx.prefill(calibration_tokens(tiny, CALIB))
         calibration = read_cache(ctx)
     k_lo, k_hi = (np.float32(q) for q in np.percentile(calibration["k", 0], [2.5, 97.5], axis=0))
-    k = normalized(calibration["k", 0], k_lo, k_hi).ravel().astype(np.float64)
+    k = normalized(calibration["k", 0][sinks:], k_lo, k_hi).ravel().astype(np.float64)
     assert_k_means(k[np.abs(k) <= 1], fitted.k_levels[0])
     v_rows = []
-    for row in calibration["v", 0]:
+    for row in calibration["v", 0][sinks:]:
         lo_t, hi_t = np.percentile(row, [2.5, 97.5])
         dense = row[(row > lo_t) & (row < hi_t)]
         v_rows.append(normalized(dense, dense.min(), dense.max()))
@@ -322,11 +328,11 @@ def test_nuq_levels_are_k_means_of_the_normalized_calibration_and_the_cache_hold
     got, clean = checked(tiny, spec, n_batch=8), checked(tiny, "none")
     expect_k = clean["k", 0].copy()
     for (t, c), x in np.ndenumerate(clean["k", 0]):
-        if k_lo[c] <= x <= k_hi[c]:
+        if t >= sinks and k_lo[c] <= x <= k_hi[c]:
             expect_k[t, c] = reference_nuq(x, k_lo[c], k_hi[c], fitted.k_levels[0])
     assert np.array_equal(got["k", 0], expect_k)
     expect_v = clean["v", 0].copy()
-    for t, row in enumerate(clean["v", 0]):
+    for t, row in enumerate(clean["v", 0][sinks:], start=sinks):
         lo_t, hi_t = np.percentile(row, [2.5, 97.5])
         dense = (row > lo_t) & (row < hi_t)
         for c in np.flatnonzero(dense):

@@ -12,7 +12,8 @@ quant/kvquant/simquant_module_quantizer.py):
   quantized over their own minimum and maximum.
 - Both asymmetric round-to-nearest over [lo, hi]: ``scale = (hi - lo) / (2^bits - 1)``,
   ``x' = lo + clip(round((x - lo) / scale), 0, 2^bits - 1) * scale``.
-- The first ``sinks`` tokens of every sequence stay exact (attention-sink aware quantization).
+- The first ``sinks`` tokens of every sequence stay exact (attention-sink aware quantization);
+  calibration counts them in K's ranges and leaves them out of nuq's k-means, as KVQuant's.
 - ``levels=nuq``: KVQuant's non-uniform datatype, without its sensitivity weights (they need
   the model's gradients; its code's ``fisher=None`` path): per layer, for K and for V, the
   2^bits centroids of a 1-D k-means over the calibration values normalized to [-1, 1] by their
@@ -211,8 +212,10 @@ class KVQuant(ErrorModel):
         key = (str(model.path), cache, self.site, calib, self.outliers, self.sink_tokens, self.bits if self.nuq else None)
         if key not in _CALIBRATED:
             rows = _calibration_rows(model, cache, self.pre_rope, calib, self.nuq)
+            # K's ranges over every calibration token, sinks included, as SimQuant.quantize takes
+            # its percentiles; its first_few_fp16 mask leaves the sinks out of nuq's k-means only.
+            lo, hi = (np.stack(side) for side in zip(*(k_ranges(r, self.outliers) for r in rows["k"])))
             k, v = ([r[self.sink_tokens :] for r in rows[c]] for c in "kv")
-            lo, hi = (np.stack(side) for side in zip(*(k_ranges(r, self.outliers) for r in k)))
             levels = (np.stack([self.k_levels(*a) for a in zip(k, lo, hi)]), np.stack([self.v_levels(r) for r in v])) if self.nuq else ()
             _CALIBRATED[key] = (lo, hi, *levels)
         return _Fitted(self, *_CALIBRATED[key])

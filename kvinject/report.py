@@ -121,15 +121,33 @@ def check_metric(df: pd.DataFrame, metric: str) -> None:
 
 def study_table(df: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     """The study's layout: score and percent of control per bench and configuration, on each
-    bench's primary metric (or `metric`), with both confidence intervals and the paired test's p."""
+    bench's primary metric (or `metric`), with both confidence intervals, the paired interval of
+    percent of control and the paired test's p."""
     if df.empty:
         return df
     out = df[primary_rows(df, metric)].copy()
     out["ci_items"] = out["bootstrap_ci"].map(lambda ci: f"{ci[0]:.4g}–{ci[1]:.4g}" if ci and None not in ci else "")
     out["ci_runs"] = [f"{lo:.4g}–{hi:.4g}" if pd.notna(lo) else "" for lo, hi in zip(out["ci_low"], out["ci_high"])]
+    out["percent_ci"] = out["percent_ci"].map(lambda ci: f"{ci[0]:.1f}–{ci[1]:.1f}" if isinstance(ci, list) and all(map(_finite, ci)) else "")
     out["p"] = out["test"].map(lambda t: t["p_value"] if isinstance(t, dict) else None)
-    cols = ["model", "bench", *varying(out), "metric", "label", "n", "mean", "std", "ci_runs", "ci_items", "percent_of_control", "p", "nonfinite_items"]
-    return out[cols].rename(columns={"label": "configuration", "n": "runs", "mean": "score", "percent_of_control": "% control"})
+    cols = [
+        "model",
+        "bench",
+        *varying(out),
+        "metric",
+        "label",
+        "n",
+        "mean",
+        "std",
+        "ci_runs",
+        "ci_items",
+        "percent_of_control",
+        "percent_ci",
+        "p",
+        "nonfinite_items",
+    ]
+    names = {"label": "configuration", "n": "runs", "mean": "score", "percent_of_control": "% control", "percent_ci": "% control CI"}
+    return out[cols].rename(columns=names)
 
 
 def varying(df: pd.DataFrame) -> list[str]:
@@ -155,6 +173,10 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         drop = ["bench", "metric", "std", *shared] + (["nonfinite_items"] if not part["nonfinite_items"].any() else [])
         parts.append((title, part.drop(columns=[c for c in drop if c in part.columns])))
     return parts
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _given(value: object) -> bool:

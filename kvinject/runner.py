@@ -13,7 +13,7 @@ from . import __version__
 from .benchmarks.base import Benchmark, RunResult
 from .config import Configuration
 from .model import Model, versions
-from .stats import across_runs, bootstrap_ci, compare_to_control, percent_of_control
+from .stats import across_runs, bootstrap_ci, compare_to_control, paired_bootstrap, percent_of_control
 
 # progress(bench, total) -> advance(n): a progress bar per benchmark.
 ProgressFactory = Callable[[Benchmark, int], Callable[[int], None]]
@@ -90,7 +90,8 @@ def _matrix(results: list[RunResult], metric: str) -> np.ndarray | None:
 
 def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, object]]:
     """Per configuration and metric: across-run mean/std/t-CI, across-item bootstrap CI,
-    percent of control and a paired test against the control (items are the unit)."""
+    percent of control and a paired test against the control, with paired bootstrap CIs of
+    the difference and of percent of control (items are the unit)."""
     groups: dict[str, list[RunResult]] = {}
     for r in results:
         groups.setdefault(r.config.label, []).append(r)
@@ -103,7 +104,7 @@ def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, obje
         for metric in metrics:
             values = [r.metrics.get(metric, r.extra.get(metric, math.nan)) for r in group]
             summary = across_runs(values)
-            control_values = [r.metrics.get(metric, math.nan) for r in control]
+            control_values = [r.metrics.get(metric, r.extra.get(metric, math.nan)) for r in control]
             control_mean = float(np.nanmean(control_values)) if np.isfinite(control_values).any() else math.nan
             item_metric, transform = bench.proxies.get(metric, (metric, None))
             matrix = _matrix(group, item_metric)
@@ -117,11 +118,14 @@ def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, obje
                 **summary.to_dict(),
                 "bootstrap_ci": list(boot) if boot is not None else None,
                 "percent_of_control": percent_of_control(summary.mean, control_mean),
+                "diff_ci": None,
+                "percent_ci": None,
                 "nonfinite_items": sum(r.nonfinite_items for r in group),
                 "test": None,
             }
             control_matrix = _matrix(control, item_metric)
             if label != control_label and matrix is not None and control_matrix is not None and np.isfinite(control_matrix).any():
                 row["test"] = compare_to_control(control_matrix, matrix, binary=item_metric in bench.binary).to_dict()
+                row["diff_ci"], row["percent_ci"] = map(list, paired_bootstrap(control_matrix, matrix, transform))
             out.append(row)
     return out

@@ -15,8 +15,8 @@ def fmt(value: object, spec: str = ".4g") -> str:
 
 
 def bench_table(bench: str, primary: str, secondary: tuple[str, ...], aggregates: list[dict[str, object]], wide: bool = False) -> Table:
-    """One row per configuration: the primary metric with its spread, CIs, percent of control and
-    the paired test; with ``wide``, the secondary metrics' means too. The narrow table fits a
+    """One row per configuration: the primary metric with its spread, CIs, percent of control with
+    its paired interval and the paired test; with ``wide``, the secondary metrics' means too. The narrow table fits a
     100-column terminal; its caption names what --wide adds."""
     rows = [a for a in aggregates if a["bench"] == bench]
     by_label: dict[str, dict[str, dict[str, object]]] = {}
@@ -28,7 +28,7 @@ def bench_table(bench: str, primary: str, secondary: tuple[str, ...], aggregates
     caption = f"--wide adds {', '.join(present)}" if present and not wide else None
     table = Table(title=f"{bench}: {primary} (p: paired test on items, docs/statistics.md)", title_justify="left", caption=caption, caption_justify="left")
     table.add_column("configuration", overflow="fold")
-    columns = ["runs", "mean ± sd", "95% CI runs", "95% CI items", "% ctl", "p vs ctl", *shown] + (["NaN items"] if nonfinite or wide else [])
+    columns = ["runs", "mean ± sd", "95% CI runs", "95% CI items", "% ctl", "% ctl CI", "p vs ctl", *shown] + (["NaN items"] if nonfinite or wide else [])
     for col in columns:
         table.add_column(col, justify="right", overflow="fold")  # wrap, never cut a number short
     for label, metrics in by_label.items():
@@ -44,6 +44,7 @@ def bench_table(bench: str, primary: str, secondary: tuple[str, ...], aggregates
             f"{fmt(a['ci_low'])}–{fmt(a['ci_high'])}",
             f"{fmt(boot[0])}–{fmt(boot[1])}",
             fmt(a["percent_of_control"], ".1f"),
+            "–".join(fmt(x, ".1f") for x in a["percent_ci"]) if a["percent_ci"] else "-",
             "control" if label == next(iter(by_label)) else fmt(test["p_value"], ".3g") if test else "-",
             *(fmt(metrics[m]["mean"]) if m in metrics else "-" for m in shown),
         ]

@@ -118,6 +118,9 @@ def test_a_run_compares_each_configuration_with_the_control(tiny):
         rows = {(a["label"], a["metric"]): a for a in aggregate(bench, [r for r in results if r.bench == bench.name])}
         control, noisy = rows["none", bench.primary], rows["normal:0,0.5", bench.primary]
         assert control["test"] is None and noisy["test"] is not None
+        assert control["diff_ci"] is None and noisy["diff_ci"][0] <= noisy["diff_ci"][1]
+        # The paired ratio's interval: undefined where the control scores 0 (the tiny model's ifeval).
+        assert noisy["percent_ci"][0] <= noisy["percent_ci"][1] or (control["mean"] == 0 and all(map(math.isnan, noisy["percent_ci"])))
         assert noisy["n"] == 3 and control["n"] == 1 and math.isnan(control["ci_low"])
         assert control["percent_of_control"] == pytest.approx(100.0) or control["mean"] == 0
     noisy_runs = [r for r in results if r.bench == "perplexity" and r.config.label == "normal:0,0.5"]

@@ -17,6 +17,7 @@ from kvinject.stats import (
     compare_to_control,
     item_means,
     mcnemar_exact,
+    paired_bootstrap,
     paired_t,
     percent_of_control,
     wilcoxon_paired,
@@ -154,6 +155,61 @@ def test_wilcoxon_matches_scipy_and_drops_nan() -> None:
     # Hollander & Wolfe's depression data: the smaller rank sum is 5, exact two-sided p = 0.039
     assert r.statistic == 5.0
     assert r.p_value == pytest.approx(0.0390625)
+
+
+def test_wilcoxon_ties_of_pass_rates_stay_ties() -> None:
+    """A control run once against 5 runs: 40 items fall from 1 to 0.8, 40 rise from 0 to 0.2,
+    100 are unchanged. The differences are symmetric about 0, so the two-sided p is 1; in
+    floating point 0.8 - 1 is not -(0.2 - 0), which had split the tied ranks (p = 0.21)."""
+    control = np.concatenate([np.ones(40), np.zeros(40), np.full(100, 0.5)])[np.newaxis, :]
+    treated = np.tile(np.concatenate([np.full(40, 0.8), np.full(40, 0.2), np.full(100, 0.5)]), (5, 1))
+    treated[:, :40] = np.array([1, 1, 1, 1, 0])[:, np.newaxis]  # 4 of 5 runs pass: 0.8
+    treated[:, 40:80] = np.array([0, 0, 0, 0, 1])[:, np.newaxis]  # 1 of 5: 0.2
+    r = compare_to_control(control, treated, binary=True)
+    assert r.test == "wilcoxon" and r.mean_diff == pytest.approx(0.0, abs=1e-15)
+    assert r.p_value == pytest.approx(1.0)
+
+
+# --- paired bootstrap of the difference -------------------------------------------------------
+
+
+def test_paired_bootstrap_of_a_few_flips_matches_normal_theory() -> None:
+    """200 pass/fail items, 120 passing under the control, 8 of them failing under the
+    configuration: each side's own interval overlaps the other's, the paired one of the
+    difference excludes 0. Its bounds are those of the mean of 200 differences in {-1, 0}
+    (mean -0.04, sd sqrt(0.04 * 0.96 / 200)) to within the bootstrap's 1/200 grid."""
+    control = np.r_[np.ones(120), np.zeros(80)]
+    treated = control.copy()
+    treated[:8] = 0
+    (d_lo, d_hi), (p_lo, p_hi) = paired_bootstrap(control, treated)
+    se = math.sqrt(0.04 * 0.96 / 200)
+    assert d_lo == pytest.approx(-0.04 - 1.96 * se, abs=0.006) and d_hi == pytest.approx(-0.04 + 1.96 * se, abs=0.006)
+    assert d_hi < 0 and p_hi < 100
+    assert p_lo <= 100 * 112 / 120 <= p_hi
+    c_lo, c_hi = bootstrap_ci(control)
+    t_lo, t_hi = bootstrap_ci(treated)
+    assert t_hi > c_lo and c_hi > t_lo, "each side's own interval overlaps the other's"
+
+
+def test_paired_bootstrap_applies_the_transform_to_each_side() -> None:
+    """Perplexity: each item's NLL higher by 0.1 nats makes exp(mean NLL) e^0.1 times the
+    control's in every resample, so the ratio's interval is that single value."""
+    rng = np.random.default_rng(0)
+    control = rng.uniform(2, 3, size=30)
+    diff, percent = paired_bootstrap(control, control + 0.1, transform=np.exp)
+    assert percent == pytest.approx((100 * math.exp(0.1),) * 2, rel=1e-9)
+    assert diff[0] < diff[1], "exp(mean) - exp(mean) varies with the resampled items"
+
+
+def test_paired_bootstrap_edge_cases() -> None:
+    nan_pair = paired_bootstrap([1.0], [0.0])
+    assert all(math.isnan(v) for ci in nan_pair for v in ci), "fewer than 2 pairs"
+    diff, percent = paired_bootstrap(np.zeros(10), np.r_[np.ones(3), np.zeros(7)])
+    assert all(math.isnan(v) for v in percent), "a control of 0 has no ratio"
+    assert diff[0] <= 0.3 <= diff[1]
+    # Pairs with a missing side are dropped; runs of an item are averaged first.
+    same = paired_bootstrap(np.array([[1, 0, 1, 0, np.nan]]), np.array([[1, 1, 1, 0, 1], [1, 0, 1, 0, 1]]))
+    assert same == paired_bootstrap([1, 0, 1, 0], [1, 0.5, 1, 0])
 
 
 # --- paired t ------------------------------------------------------------------------------

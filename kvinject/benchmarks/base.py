@@ -98,8 +98,9 @@ class Benchmark(ABC):
     secondary: ClassVar[tuple[str, ...]] = ()  # also shown in the tables
     higher_is_better: ClassVar[dict[str, bool]]
     binary: ClassVar[frozenset[str]] = frozenset()  # per-item metrics that are pass/fail
-    # metric -> (per-item metric, transform) for metrics that are not a mean over items
-    proxies: ClassVar[dict[str, tuple[str, Callable[[float], float]]]] = {}
+    # metric -> (per-item metric, transform of its mean over items, vectorized as numpy's ufuncs)
+    # for metrics that are not a mean over items
+    proxies: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {}
     spans: ClassVar[tuple[str, ...]] = ()  # the span names --positions may use with this benchmark
 
     def __init_subclass__(cls, **kwargs: object) -> None:

@@ -81,7 +81,7 @@ class Perplexity(Benchmark):
     secondary = ("kld", "same_top_p", "rms_dp")
     # PPL is exp of the mean NLL over equal-sized chunks: its item-level CI and paired test
     # come from the per-chunk mean NLL.
-    proxies = {"ppl": ("mean_nll", math.exp)}
+    proxies = {"ppl": ("mean_nll", np.exp)}
     higher_is_better = {"ppl": False, "mean_nll": False, "kld": False, "same_top_p": True, "rms_dp": False}
 
     def load(self) -> None:

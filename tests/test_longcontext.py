@@ -11,10 +11,12 @@ import pytest
 
 from kvinject.benchmarks import make_bench
 from kvinject.benchmarks.haystack import (
+    NOISE,
     build_prompt,
     filler_sentences,
     string_match_all,
 )
+from kvinject.benchmarks.vt import EXAMPLE_NOISE_BLOCKS
 from kvinject.config import Configuration
 from kvinject.exceptions import DataError, KvinjectError, SpecError
 from kvinject.plots import cell_scores, heatmap
@@ -39,7 +41,9 @@ def needle_share(model, bench, index: int) -> float:
     return filler_tokens(text[first:at]) / filler_tokens(text[first:last])
 
 
-@pytest.mark.parametrize("name,options", [("passkey", {}), ("niah", {"family": "multikey"}), ("vt", {"chains": 2})])
+# vt's worked example (about 500 tokens, as RULER's) leaves a 1K prompt 6 noise blocks, too few
+# to place a needle within 5% of its depth: its lengths start at 2K here.
+@pytest.mark.parametrize("name,options", [("passkey", {}), ("niah", {"family": "multikey"}), ("vt", {"chains": 2, "lengths": (2048, 3072)})])
 def test_the_prompt_has_the_asked_length_and_the_needle_its_depth(name, options, tiny):
     bench = make_bench(name, {"lengths": (1024, 2048), "depths": (0, 25, 50, 75, 100), "samples": 1, **options})
     prompts = bench.prompts(tiny)
@@ -114,19 +118,89 @@ def test_each_family_hides_and_asks_what_it_should():
         assert len(item.needles) == 1 and item.needles[0].depth in (0, 25, 50, 75, 100)
 
 
-def test_variable_tracking_chains_hop_from_the_value_in_order():
-    for item in make_bench("vt", {"chains": 3, "hops": 4, "depths": (0, 60)}).items:
+@pytest.mark.parametrize("haystack,end", [("noise", " "), ("text", ".")])
+def test_variable_tracking_chains_hop_from_the_value_in_order(haystack, end):
+    """RULER's statements: a line each in its noise haystack ("VAR B = VAR A ", as its code
+    writes them), sentences with a full stop in text."""
+    for item in make_bench("vt", {"chains": 3, "hops": 4, "depths": (0, 60), "haystack": haystack}).items:
         statements = [n.text for n in item.needles]
         assert len(statements) == 3 * 5
         names = list(item.expected)
         assert len(names) == 5 and all(re.fullmatch(r"[A-Z]{5}", v) for v in names)
-        value = re.fullmatch(rf"VAR {names[0]} = (\d{{5}})\.", statements[0])[1]
-        assert statements[1:5] == [f"VAR {b} = VAR {a}." for a, b in pairwise(names)]
+        value = re.fullmatch(rf"VAR {names[0]} = (\d{{5}}){re.escape(end.strip())}", statements[0])[1]
+        assert statements[1:5] == [f"VAR {b} = VAR {a}{end}" for a, b in pairwise(names)]
         assert f"value {value} in the text" in item.after
         depths = [n.depth for n in item.needles[:5]]
         assert depths == sorted(depths) and depths[0] in (0, 60)
         others = " ".join(statements[5:])
         assert value not in others and not any(v in others for v in names)
+
+
+# RULER's niah task (scripts/data/synthetic/constants.py), template and answer prefix as
+# prepare.py joins them.
+RULER_NIAH = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. I will quiz you about the "
+    "{type_needle_v} afterwards.\n{context}\nWhat are all the special magic {type_needle_v} for {query} mentioned in the provided text?"
+    " The special magic {type_needle_v} for {query} mentioned in the provided text are"
+)
+RULER_VT = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\nQuestion: Find all variables "
+    "that are assigned the value {query} in the text above. Answer: According to the chain(s) of variable assignment in the text above, "
+    "{num_v} variables are assigned the value {query}, they are: "
+)
+
+
+def ruler_niah(type_needle_v: str, queries: list[str], values: int, context: str) -> str:
+    """RULER's niah.py: the template in the singular where one value is asked for, by its
+    string replacements, and the queries joined with ', and '."""
+    template = RULER_NIAH
+    if len(queries) * values == 1:
+        for a, b in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
+            template = template.replace(a, b)
+        type_needle_v = type_needle_v[:-1]
+    query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
+    return template.format(type_needle_v=type_needle_v, context=context, query=query)
+
+
+@pytest.mark.parametrize("family", ["single", "multikey", "multivalue", "multiquery"])
+@pytest.mark.parametrize("value_type", ["numbers", "uuids"])
+def test_niah_asks_with_ruler_s_template(family, value_type):
+    bench = make_bench("niah", {"family": family, "value_type": value_type, "needles": 3})
+    for item in bench.items:
+        keys = list(dict.fromkeys(re.search(r"for (\S+) is:", n.text)[1] for n in item.needles))
+        queries = keys if family == "multiquery" else keys[:1]
+        values = 3 if family == "multivalue" else 1
+        assert item.before + "CONTEXT" + item.after + item.answer_prefix == ruler_niah(value_type, queries, values, "CONTEXT")
+
+
+def test_vt_asks_with_ruler_s_template_after_a_worked_example():
+    for item in make_bench("vt", {"chains": 2, "hops": 3}).items:
+        value = re.search(r"VAR \S+ = (\d+)$", item.needles[0].text)[1]
+        example, _, task = item.before.rpartition("\n\n" + RULER_VT.split("{context}")[0])
+        assert task == "" and item.before.endswith(RULER_VT.split("{context}")[0])
+        assert "CONTEXT".join((RULER_VT.split("{context}")[0], item.after + item.answer_prefix)) == RULER_VT.format(context="CONTEXT", query=value, num_v=4)
+        # The example: a task of its own over noise lines, 3-letter variables, its answer given.
+        head, answer = example.rsplit("they are: ", 1)
+        names = answer.split()
+        assert example.startswith(RULER_VT.split("{context}")[0]) and len(names) == 4 and all(re.fullmatch(r"[A-Z]{3}", n) for n in names)
+        lines = head.split("\n")
+        first = next(i for i, line in enumerate(lines) if line.startswith(f"VAR {names[0]} = "))
+        example_value = lines[first].split(" = ")[1]
+        hops = [i for i, line in enumerate(lines) if line.startswith("VAR ") and line.endswith(" ")]
+        assert [lines[i] for i in hops if lines[i].startswith(tuple(f"VAR {n} " for n in names))] == [f"VAR {b} = VAR {a} " for a, b in pairwise(names)]
+        assert f"assigned the value {example_value} in the text above" in head and example_value != value
+        assert sum(line == NOISE for line in lines) == EXAMPLE_NOISE_BLOCKS
+
+
+def test_the_noise_haystack_is_ruler_s_block_a_line_each(tiny):
+    bench = make_bench("passkey", {"lengths": (1024,), "depths": (50,), "samples": 1, "haystack": "noise"})
+    bench.prompts(tiny)
+    item, text = bench.items[0], bench.fitted[0].text
+    context = text.split(item.before)[1].split(item.after)[0]
+    lines = context.split("\n")
+    assert lines.count(item.needles[0].text) == 1
+    filler = [line for line in lines if line != item.needles[0].text]
+    assert NOISE.endswith(filler[0]) and all(line == NOISE for line in filler[1:]) and len(filler) > 20
 
 
 def test_scoring_on_known_answers():
@@ -149,7 +223,7 @@ def test_a_length_beyond_the_training_context_is_a_clear_error(tiny):
     bench = make_bench("passkey", {"lengths": (1024, 8192)})
     with pytest.raises(DataError, match=rf"passkey: length 8192 exceeds the training context of tiny-llama.gguf \({tiny.n_ctx_train} tokens\)"):
         list(run(tiny, [bench], [Configuration()], runs=1))
-    with pytest.raises(DataError, match="niah: length 64 is too short with max_tokens 64"):
+    with pytest.raises(DataError, match="niah: length 64 is too short with max_tokens 128"):
         make_bench("niah", {"lengths": (64,)}).prompts(tiny)
 
 

@@ -29,6 +29,10 @@ from .base import GenerationBenchmark
 from .options import Options, option
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"(])")
+# RULER's "noise" haystack (niah_single_1, vt) and Landmark Attention's passkey filler: this
+# block repeated, one per line.
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+HAYSTACKS = ("text", "noise")
 # Keys are adjective-noun pairs, as RULER's are; these lists are this project's own.
 ADJECTIVES = (
     "amber",
@@ -133,9 +137,11 @@ NOUNS = (
 
 
 @lru_cache(maxsize=4)
-def filler_sentences(data: str | None = None) -> tuple[str, ...]:
+def filler_sentences(data: str | None = None, haystack: str = "text") -> tuple[str, ...]:
     """The prose of ``data`` (default: the bundled encyclopedia) as sentences, headings
-    (lines in = signs) left out."""
+    (lines in = signs) left out; for the ``noise`` haystack, its one block."""
+    if haystack == "noise":
+        return (NOISE,)
     paragraphs = re.split(r"\n\s*\n", read_text(data, "encyclopedia"))
     prose = (" ".join(p.split()) for p in paragraphs if p.strip() and not p.strip().startswith("="))
     sentences = tuple(s for p in prose for s in _SENTENCE_END.split(p) if s)
@@ -174,12 +180,13 @@ class Prompt:
 SPANS = ("needle", "haystack", "context", "question")
 
 
-def build_prompt(model: Model, item: Item, words: int, data: str | None = None) -> Prompt:
+def build_prompt(model: Model, item: Item, words: int, data: str | None = None, haystack: str = "text") -> Prompt:
     """The prompt of ``item`` with ``words`` words of filler: the model's chat template around
-    the user turn (plain text for a model without one), then the answer prefix (as RULER starts the answer). The filler is the
-    last ``words`` words of the text of ``data`` up to sentence ``item.end`` (going round
-    when the text runs out), and the needles stand between its sentences at their depths."""
-    sentences = filler_sentences(data)
+    the user turn (plain text for a model without one), then the answer prefix, as RULER
+    appends it. The filler is the last ``words`` words of the text of ``data`` up to sentence
+    ``item.end`` (going round when the text runs out), or of the noise block repeated, and the
+    needles stand between its sentences (the noise's blocks, one per line) at their depths."""
+    sentences = filler_sentences(data, haystack)
     picked: list[str] = []
     total = 0
     while total < words:  # backwards from the end, so that a word more is a token or so more
@@ -196,12 +203,12 @@ def build_prompt(model: Model, item: Item, words: int, data: str | None = None) 
         needles.append(len(pieces))
         pieces.append(item.needles[i].text)
         done = at
-    context = " ".join(pieces + picked[done:])
+    context = ("\n" if haystack == "noise" else " ").join(pieces + picked[done:])
     task = item.before + context + item.after
     # A model without a chat template (a base model) reads the task as plain text, as RULER's base template does.
     text = (model.chat_prompt(task) if model.has_chat_template else task) + item.answer_prefix
     start = text.index(task) + len(item.before)  # the template holds the task as it is
-    offsets = np.cumsum([start] + [len(p) + 1 for p in pieces])  # each piece and the space after it
+    offsets = np.cumsum([start] + [len(p) + 1 for p in pieces])  # each piece and the space or newline after it
     chars = {
         "needle": [(int(offsets[i]), int(offsets[i]) + len(pieces[i])) for i in needles],
         "context": [(start, start + len(context))],
@@ -210,16 +217,16 @@ def build_prompt(model: Model, item: Item, words: int, data: str | None = None) 
     return Prompt(text, model.tokenize(text, parse_special=True), words, chars)
 
 
-def fit_prompt(model: Model, budget: int, item: Item, data: str | None = None) -> Prompt:
+def fit_prompt(model: Model, budget: int, item: Item, data: str | None = None, haystack: str = "text") -> Prompt:
     """The prompt of ``item`` with as much filler as ``budget`` tokens hold: whole words, so
     it falls short of the budget by a few tokens at most."""
-    best = build_prompt(model, item, 0, data)
+    best = build_prompt(model, item, 0, data, haystack)
     if len(best.tokens) > budget:
         raise DataError(f"{budget} tokens cannot hold even the instructions and needles ({len(best.tokens)} tokens)")
     low, high = 0, budget  # every word is at least one token
     while low < high:
         mid = (low + high + 1) // 2
-        prompt = build_prompt(model, item, mid, data)
+        prompt = build_prompt(model, item, mid, data, haystack)
         if len(prompt.tokens) <= budget:
             low, best = mid, prompt
         else:
@@ -269,6 +276,7 @@ class Cell:
 @dataclass(frozen=True)
 class LongContextOptions(Options):
     data: str | None = option(None, "Filler text: a file, a folder of .txt files or hf:NAME. Default: the bundled encyclopedia.")
+    haystack: str = option("text", "Filler: text (--data, RULER's essays) or noise (RULER's repeated sentences).", choices=HAYSTACKS)
     limit: int | None = option(None, "Items to evaluate, spread over the grid (default: all).", minimum=1)
     lengths: tuple[int, ...] = option((1024, 2048, 4096), "Lengths in the model's tokens: prompt (chat template included) and answer.", minimum=64)
     depths: tuple[int, ...] = option((0, 25, 50, 75, 100), "Needle depths: percent of the filler before the needle.", minimum=0)
@@ -320,6 +328,7 @@ class LongContextBenchmark(GenerationBenchmark):
         o = self.options
         return {
             "data": o.data or "bundled:encyclopedia",
+            "haystack": o.haystack,
             "items": len(self),
             "lengths": list(o.lengths),
             "depths": list(o.depths),
@@ -341,7 +350,7 @@ class LongContextBenchmark(GenerationBenchmark):
         self.fitted = []
         for cell, item in zip(self.cells, self.items):
             try:
-                self.fitted.append(fit_prompt(model, cell.length - self.max_tokens, item, self.options.data))
+                self.fitted.append(fit_prompt(model, cell.length - self.max_tokens, item, self.options.data, self.options.haystack))
             except DataError as e:
                 raise DataError(f"{self.name}: length {cell.length} is too short with max_tokens {self.max_tokens}: {e}") from None
         return [p.tokens for p in self.fitted]
@@ -389,4 +398,6 @@ def cell_metric(metric: str, cell: Cell) -> str:
 
 
 def filler_end(rng: np.random.Generator, data: str | None) -> int:
+    """Where an item's text filler ends; drawn for the noise haystack too, so that an item's
+    keys and values do not depend on its filler."""
     return int(rng.integers(len(filler_sentences(data))))

@@ -6,6 +6,8 @@ Families, as RULER's: ``single`` (one needle), ``multikey`` (the queried needle 
 distractor needles with other keys), ``multivalue`` (several values under the queried key,
 all expected) and ``multiquery`` (several keys asked for at once). The queried needle (the
 first one, where there are several) sits at the cell's depth; the others at random depths.
+The prompt is RULER's niah template and answer prefix (scripts/data/synthetic/constants.py),
+in the singular where one value is asked for, as its niah.py rewrites it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class NiahOptions(LongContextOptions):
     )
     value_type: str = option("numbers", "Values: 7-digit numbers or UUIDs.", choices=("numbers", "uuids"))
     needles: int = option(4, "Needles of the multi- families: keys (multikey, multiquery) or values (multivalue).", minimum=2)
-    max_tokens: int = option(64, "Tokens generated per item.", minimum=1)
+    max_tokens: int = option(128, "Tokens generated per item (RULER's tokens_to_generate).", minimum=1)
 
 
 class Niah(LongContextBenchmark):
@@ -49,12 +51,15 @@ class Niah(LongContextBenchmark):
         plural = len(expected) > 1
         kind = o.value_type if plural else o.value_type[:-1]
         depths = [float(cell.depth), *random_depths(rng, len(pairs) - 1)]
-        query = asked[0] if len(asked) == 1 else ", ".join(asked[:-1]) + " and " + asked[-1]
+        query = asked[0] if len(asked) == 1 else ", ".join(asked[:-1]) + ", and " + asked[-1]
+        some, are, all_ = ("Some", "are", "are all") if plural else ("A", "is", "is")
         return Item(
             needles=tuple(Needle(f"One of the special magic {o.value_type} for {k} is: {v}.", d) for (k, v), d in zip(pairs, depths)),
-            before=f"Special magic {o.value_type} are hidden in the text below. Memorize them: you will be asked about them afterwards.\n\n",
-            after=f"\n\nWhat {'are all' if plural else 'is'} the special magic {kind} for {query} mentioned in the text above?",
-            answer_prefix=f"The special magic {kind} for {query} mentioned in the text above {'are' if plural else 'is'}",
+            before=(
+                f"{some} special magic {kind} {are} hidden within the following text. Make sure to memorize it. I will quiz you about the {kind} afterwards.\n"
+            ),
+            after=f"\nWhat {all_} the special magic {kind} for {query} mentioned in the provided text?",
+            answer_prefix=f" The special magic {kind} for {query} mentioned in the provided text {are}",
             expected=expected,
             end=filler_end(rng, o.data),
         )

@@ -670,7 +670,7 @@ def report(
         parts = [(f"{len(records)} runs from {len(stores)} store(s)", table)] if all_metrics or wide else terminal_tables(table)
         for title, part in parts:
             t = Table(title=title, title_justify="left")
-            shown = part.drop(columns=[c for c in ("test", "bootstrap_ci", "diff_ci", "percent_ci") if c in part.columns])
+            shown = part.drop(columns=[c for c in ("test", "items_ci", "items_ci_method", "diff_ci", "percent_ci") if c in part.columns])
             for col in shown.columns:
                 t.add_column(str(col), justify="left" if col in ("model", "bench", "metric", "configuration", "label") else "right", overflow="fold")
             for row in shown.itertuples(index=False):

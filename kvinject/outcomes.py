@@ -6,8 +6,9 @@ fault-injection studies report them (PyTorchFI, TensorFI and LLM fault studies).
 - ``sdc``: silent data corruption, another output with a worse score on the bench's headline;
 - ``benign``: another output, no worse a score.
 
-Each is a per-item 0/1 value, so its rate comes with the bootstrap interval over items and the
-paired test against the control as any binary metric does.
+Each is a per-item 0/1 value, so its rate comes with an interval over items as any binary
+metric's (Wilson's for one run, which does not shrink to a point at 0 of n). The golden run has
+no outcomes of its own, so there is no paired test or percent of control.
 """
 
 from __future__ import annotations

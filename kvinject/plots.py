@@ -46,8 +46,8 @@ def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
                 continue
             x = part["realized_k_rel_std"]
             ax.plot(x, part["mean"], marker="o", label=family)
-            lo, hi = part["ci_low"].fillna(part["mean"]), part["ci_high"].fillna(part["mean"])
-            ax.fill_between(x, lo, hi, alpha=0.2)
+            # One run has no interval across runs: no band there, rather than one of zero width.
+            ax.fill_between(x, part["ci_low"], part["ci_high"], where=part["ci_low"].notna(), alpha=0.2)
         ax.set_xlabel("realized relative error of K (std)")
         ax.set_ylabel(metric or BENCHMARKS[bench].primary)
         ax.set_title(bench)
@@ -137,10 +137,10 @@ def pareto(bits: np.ndarray, score: np.ndarray, higher_is_better: bool) -> np.nd
 
 def interval(row: pd.Series) -> tuple[float, float]:
     """A configuration's 95% interval: across runs, or for one run (a deterministic compressor)
-    the bootstrap over items; NaN where neither exists."""
+    the interval over items; NaN where neither exists."""
     if pd.notna(row["ci_low"]):
         return row["ci_low"], row["ci_high"]
-    boot = row.get("bootstrap_ci")
+    boot = row.get("items_ci")
     if isinstance(boot, (list, tuple)) and len(boot) == 2 and None not in boot:
         return boot[0], boot[1]
     return math.nan, math.nan

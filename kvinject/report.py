@@ -126,7 +126,7 @@ def study_table(df: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     if df.empty:
         return df
     out = df[primary_rows(df, metric)].copy()
-    out["ci_items"] = out["bootstrap_ci"].map(lambda ci: f"{ci[0]:.4g}–{ci[1]:.4g}" if ci and None not in ci else "")
+    out["ci_items"] = out["items_ci"].map(lambda ci: f"{ci[0]:.4g}–{ci[1]:.4g}" if ci and None not in ci else "")
     out["ci_runs"] = [f"{lo:.4g}–{hi:.4g}" if pd.notna(lo) else "" for lo, hi in zip(out["ci_low"], out["ci_high"])]
     out["percent_ci"] = out["percent_ci"].map(lambda ci: f"{ci[0]:.1f}–{ci[1]:.1f}" if isinstance(ci, list) and all(map(_finite, ci)) else "")
     out["p"] = out["test"].map(lambda t: t["p_value"] if isinstance(t, dict) else None)

@@ -13,7 +13,7 @@ from . import __version__
 from .benchmarks.base import Benchmark, RunResult
 from .config import Configuration
 from .model import Model, versions
-from .stats import across_runs, bootstrap_ci, compare_to_control, paired_bootstrap, percent_of_control
+from .stats import across_runs, bootstrap_ci, compare_to_control, paired_bootstrap, percent_of_control, proportion_ci
 
 # progress(bench, total) -> advance(n): a progress bar per benchmark.
 ProgressFactory = Callable[[Benchmark, int], Callable[[int], None]]
@@ -108,7 +108,10 @@ def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, obje
             control_mean = float(np.nanmean(control_values)) if np.isfinite(control_values).any() else math.nan
             item_metric, transform = bench.proxies.get(metric, (metric, None))
             matrix = _matrix(group, item_metric)
-            boot = bootstrap_ci(matrix) if matrix is not None else None
+            # One run of pass/fail values: the Wilson interval, which a percentile bootstrap
+            # shrinks to a point at 0 of n (a fault campaign's SDC rate) or n of n.
+            proportion = matrix is not None and matrix.shape[0] == 1 and item_metric in bench.binary
+            boot = None if matrix is None else proportion_ci(matrix) if proportion else bootstrap_ci(matrix)
             if boot is not None and transform is not None:
                 boot = tuple(transform(x) for x in boot)
             row: dict[str, object] = {
@@ -116,7 +119,8 @@ def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, obje
                 "label": label,
                 "metric": metric,
                 **summary.to_dict(),
-                "bootstrap_ci": list(boot) if boot is not None else None,
+                "items_ci": list(boot) if boot is not None else None,
+                "items_ci_method": None if boot is None else "wilson" if proportion else "bootstrap",
                 "percent_of_control": percent_of_control(summary.mean, control_mean),
                 "diff_ci": None,
                 "percent_ci": None,

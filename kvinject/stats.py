@@ -28,6 +28,7 @@ __all__ = [
     "paired_bootstrap",
     "paired_t",
     "percent_of_control",
+    "proportion_ci",
     "wilcoxon_paired",
 ]
 
@@ -143,6 +144,20 @@ def bootstrap_ci(
         rng=np.random.default_rng(seed),
     )
     return (float(res.confidence_interval.low), float(res.confidence_interval.high))
+
+
+def proportion_ci(scores: np.ndarray | Sequence[Any], confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of the share of 1s among pass/fail values (NaN dropped); (nan,
+    nan) without values. Unlike a percentile bootstrap it does not shrink to a point at 0 of n
+    or n of n (0 of 100: 0 to 0.037), and it covers near 0 and 1 as it says (Brown, Cai and
+    DasGupta 2001)."""
+    _check_confidence(confidence)
+    x = np.asarray(scores, dtype=np.float64).ravel()
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return (math.nan, math.nan)
+    ci = _st.binomtest(int(x.sum()), int(x.size)).proportion_ci(confidence_level=confidence, method="wilson")
+    return (float(ci.low), float(ci.high))
 
 
 def paired_bootstrap(

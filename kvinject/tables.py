@@ -36,7 +36,7 @@ def bench_table(bench: str, primary: str, secondary: tuple[str, ...], aggregates
         if a is None:
             continue
         test = a["test"]
-        boot = a["bootstrap_ci"] or (None, None)
+        boot = a["items_ci"] or (None, None)
         cells = [
             Text(label),  # not markup: a label's [k:0-3] is text
             str(a["n"]),

@@ -117,8 +117,8 @@ def test_report_metric_tabulates_and_draws_another_metric(tmp_path, tiny_path):
 def test_a_single_run_s_interval_is_the_bootstrap_over_items():
     """Deterministic compressors run once: their points carry the interval over items, a noisy
     configuration's the interval across runs; a row with neither has none."""
-    runs = pd.Series({"ci_low": 0.2, "ci_high": 0.4, "bootstrap_ci": [0.1, 0.5]})
-    once = pd.Series({"ci_low": np.nan, "ci_high": np.nan, "bootstrap_ci": [0.1, 0.5]})
-    neither = pd.Series({"ci_low": np.nan, "ci_high": np.nan, "bootstrap_ci": None})
+    runs = pd.Series({"ci_low": 0.2, "ci_high": 0.4, "items_ci": [0.1, 0.5]})
+    once = pd.Series({"ci_low": np.nan, "ci_high": np.nan, "items_ci": [0.1, 0.5]})
+    neither = pd.Series({"ci_low": np.nan, "ci_high": np.nan, "items_ci": None})
     assert interval(runs) == (0.2, 0.4) and interval(once) == (0.1, 0.5)
     assert all(np.isnan(interval(neither)))

@@ -20,6 +20,7 @@ from kvinject.stats import (
     paired_bootstrap,
     paired_t,
     percent_of_control,
+    proportion_ci,
     wilcoxon_paired,
 )
 
@@ -168,6 +169,23 @@ def test_wilcoxon_ties_of_pass_rates_stay_ties() -> None:
     r = compare_to_control(control, treated, binary=True)
     assert r.test == "wilcoxon" and r.mean_diff == pytest.approx(0.0, abs=1e-15)
     assert r.p_value == pytest.approx(1.0)
+
+
+# --- proportions ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k,n", [(0, 100), (100, 100), (9, 10), (37, 120)])
+def test_proportion_ci_is_wilson_s_score_interval(k, n) -> None:
+    """The score interval written out: (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)."""
+    z = 1.959963984540054
+    p = k / n
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    lo, hi = proportion_ci(np.r_[np.ones(k), np.zeros(n - k), np.nan])
+    assert lo == pytest.approx(max(0.0, center - half), abs=1e-12) and hi == pytest.approx(min(1.0, center + half), abs=1e-12)
+    if k == 0:
+        assert hi == pytest.approx(0.0370, abs=1e-4), "no failures seen is not a rate of exactly 0"
+    assert all(math.isnan(v) for v in proportion_ci([np.nan]))
 
 
 # --- paired bootstrap of the difference -------------------------------------------------------

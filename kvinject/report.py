@@ -78,11 +78,13 @@ def _result(record: dict[str, Any]) -> RunResult:
 
 def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per (experiment, configuration, metric); an experiment shares model, bench,
-    options and seed, and is compared with its own control."""
+    options, seed and the backend settings labels leave out (flash attention, rotation, as
+    requested: one per run or grid), and is compared with its own control."""
     experiments: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         s = r["settings"]
-        key = repr((s["model_sha256"], s["bench"], sorted(s["options"].items()), s["seed"]))
+        backend = [s["cache"].get(k) for k in ("flash_attn", "kv_rotation")]
+        key = repr((s["model_sha256"], s["bench"], sorted(s["options"].items()), s["seed"], backend))
         experiments.setdefault(key, []).append(r)
     rows = []
     for group in experiments.values():

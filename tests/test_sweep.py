@@ -15,6 +15,7 @@ import time
 import pytest
 
 from kvinject.grid import GridError, bench_labels, load_grid
+from kvinject.report import summarize
 from kvinject.store import Store
 from kvinject.sweep import Sweep
 
@@ -370,6 +371,20 @@ def test_report_rows_from_different_grids_show_the_settings_they_differ_in(tmp_p
     assert table.returncode == 0, table.stderr
     assert "option.limit" in table.stdout and "nexttoken: accuracy, model tiny-llama.gguf" in table.stdout
     assert max(map(len, table.stdout.splitlines())) <= 100 and "…" not in table.stdout
+
+
+def test_report_keeps_apart_what_differs_only_in_flash_attention(tmp_path, tiny_path):
+    """Labels leave flash attention out: rows of two grids that differ only there are two
+    experiments, each against its own control, not one row pooling both."""
+    records = []
+    for flash in ("on", "off"):
+        grid = write_grid(tmp_path, tiny_path, text=f"[sweep]\nmodels = ['{{model}}']\nruns = 1\nflash_attn = '{flash}'\n[bench.nexttoken]\nlimit = 3\n")
+        with Store(tmp_path / f"{flash}.sqlite") as store:
+            Sweep(load_grid(grid), store).run()
+            records += list(store.records())
+    rows = summarize(records)
+    control = rows[(rows["label"] == "none") & (rows["metric"] == "accuracy")]
+    assert sorted(control["flash_attn"]) == ["off", "on"] and list(control["n"]) == [1, 1]
 
 
 RESUME_GRID = """

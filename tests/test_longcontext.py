@@ -42,14 +42,23 @@ def needle_share(model, bench, index: int) -> float:
 
 
 # vt's worked example (about 500 tokens, as RULER's) leaves a 1K prompt 6 noise blocks, too few
-# to place a needle within 5% of its depth: its lengths start at 2K here.
-@pytest.mark.parametrize("name,options", [("passkey", {}), ("niah", {"family": "multikey"}), ("vt", {"chains": 2, "lengths": (2048, 3072)})])
-def test_the_prompt_has_the_asked_length_and_the_needle_its_depth(name, options, tiny):
+# to place a needle within 5% of its depth: its lengths start at 2K here. Text fills to a word,
+# noise to a block (about 25 tokens), needles to a line.
+@pytest.mark.parametrize(
+    "name,options,slack",
+    [
+        ("passkey", {}, 6),
+        ("niah", {"family": "multikey"}, 6),
+        ("niah", {"haystack": "needles", "family": "multivalue"}, 25),
+        ("vt", {"chains": 2, "lengths": (2048, 3072)}, 30),
+    ],
+)
+def test_the_prompt_has_the_asked_length_and_the_needle_its_depth(name, options, slack, tiny):
     bench = make_bench(name, {"lengths": (1024, 2048), "depths": (0, 25, 50, 75, 100), "samples": 1, **options})
     prompts = bench.prompts(tiny)
     for cell, prompt, fitted in zip(bench.cells, prompts, bench.fitted):
         # The length counts the chat template and the answer's max_tokens, as RULER's does.
-        assert cell.length - bench.max_tokens - 6 <= len(prompt) <= cell.length - bench.max_tokens
+        assert cell.length - bench.max_tokens - slack <= len(prompt) <= cell.length - bench.max_tokens
         assert fitted.text.startswith("<|im_start|>user\n") and "<|im_start|>assistant\n" in fitted.text
         assert prompt == tiny.tokenize(fitted.text, parse_special=True)
     for i, cell in enumerate(bench.cells):
@@ -192,6 +201,24 @@ def test_vt_asks_with_ruler_s_template_after_a_worked_example():
         assert sum(line == NOISE for line in lines) == EXAMPLE_NOISE_BLOCKS
 
 
+@pytest.mark.parametrize("key_type,value_type", [("words", "numbers"), ("uuids", "uuids")])
+def test_the_needles_haystack_is_whole_needles_of_other_keys(key_type, value_type, tiny):
+    """RULER's multikey_2 (word keys, numbers) and multikey_3 (UUIDs both): every line of the
+    context is a whole needle, and only the queried one has the asked key."""
+    bench = make_bench("niah", {"lengths": (1024,), "depths": (50,), "samples": 1, "haystack": "needles", "key_type": key_type, "value_type": value_type})
+    bench.prompts(tiny)
+    item, text = bench.items[0], bench.fitted[0].text
+    key = r"[a-z]+-[a-z]+" if key_type == "words" else r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}"
+    value = r"[1-9]\d{6}" if value_type == "numbers" else r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}"
+    lines = text.split(item.before)[1].split(item.after)[0].split("\n")
+    assert len(lines) > 5 and all(re.fullmatch(rf"One of the special magic {value_type} for ({key}) is: ({value})\.", line) for line in lines)
+    asked = re.search(r"for (\S+) is:", item.needles[0].text)[1]
+    assert [line for line in lines if f" {asked} " in line] == [item.needles[0].text]
+    assert f"for {asked} mentioned" in item.after
+    if key_type == "uuids":
+        assert uuid.UUID(asked).version == 4
+
+
 def test_the_noise_haystack_is_ruler_s_block_a_line_each(tiny):
     bench = make_bench("passkey", {"lengths": (1024,), "depths": (50,), "samples": 1, "haystack": "noise"})
     bench.prompts(tiny)
@@ -200,7 +227,7 @@ def test_the_noise_haystack_is_ruler_s_block_a_line_each(tiny):
     lines = context.split("\n")
     assert lines.count(item.needles[0].text) == 1
     filler = [line for line in lines if line != item.needles[0].text]
-    assert NOISE.endswith(filler[0]) and all(line == NOISE for line in filler[1:]) and len(filler) > 20
+    assert all(line == NOISE for line in filler) and len(filler) > 20, "whole blocks, as RULER fits them"
 
 
 def test_scoring_on_known_answers():

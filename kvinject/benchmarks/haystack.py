@@ -167,6 +167,7 @@ class Item:
     answer_prefix: str
     expected: tuple[str, ...]
     end: int  # the filler's last sentence
+    filler: tuple[str, ...] = ()  # the item's own filler lines (RULER's haystack of needles), if any
 
 
 @dataclass(frozen=True)
@@ -184,15 +185,17 @@ def build_prompt(model: Model, item: Item, words: int, data: str | None = None, 
     """The prompt of ``item`` with ``words`` words of filler: the model's chat template around
     the user turn (plain text for a model without one), then the answer prefix, as RULER
     appends it. The filler is the last ``words`` words of the text of ``data`` up to sentence
-    ``item.end`` (going round when the text runs out), or of the noise block repeated, and the
-    needles stand between its sentences (the noise's blocks, one per line) at their depths."""
-    sentences = filler_sentences(data, haystack)
+    ``item.end`` (going round when the text runs out), or of the noise block repeated, or the
+    item's own filler lines, and the needles stand between its sentences (the noise's blocks
+    and filler lines, one per line) at their depths. Text may start inside a sentence, like an
+    excerpt; the others are whole blocks and lines, as RULER fits them."""
+    sentences = item.filler or filler_sentences(data, haystack)
     picked: list[str] = []
     total = 0
     while total < words:  # backwards from the end, so that a word more is a token or so more
         picked.insert(0, sentences[(item.end - len(picked)) % len(sentences)])
         total += len(picked[0].split())
-    if total > words:  # the filler starts inside its first sentence, like an excerpt
+    if total > words and haystack == "text":
         picked[0] = " ".join(picked[0].split()[total - words :])
     # A needle goes at the sentence boundary nearest its depth in words; ties keep their order.
     bounds = np.cumsum([0] + [len(p.split()) for p in picked])
@@ -203,7 +206,7 @@ def build_prompt(model: Model, item: Item, words: int, data: str | None = None, 
         needles.append(len(pieces))
         pieces.append(item.needles[i].text)
         done = at
-    context = ("\n" if haystack == "noise" else " ").join(pieces + picked[done:])
+    context = (" " if haystack == "text" else "\n").join(pieces + picked[done:])
     task = item.before + context + item.after
     # A model without a chat template (a base model) reads the task as plain text, as RULER's base template does.
     text = (model.chat_prompt(task) if model.has_chat_template else task) + item.answer_prefix
@@ -218,8 +221,9 @@ def build_prompt(model: Model, item: Item, words: int, data: str | None = None, 
 
 
 def fit_prompt(model: Model, budget: int, item: Item, data: str | None = None, haystack: str = "text") -> Prompt:
-    """The prompt of ``item`` with as much filler as ``budget`` tokens hold: whole words, so
-    it falls short of the budget by a few tokens at most."""
+    """The prompt of ``item`` with as much filler as ``budget`` tokens hold: whole words of
+    text, so it falls short of the budget by a few tokens at most (whole blocks or lines of the
+    other haystacks: by less than one)."""
     best = build_prompt(model, item, 0, data, haystack)
     if len(best.tokens) > budget:
         raise DataError(f"{budget} tokens cannot hold even the instructions and needles ({len(best.tokens)} tokens)")
@@ -239,13 +243,11 @@ def key_word(rng: np.random.Generator) -> str:
 
 
 def distinct(make: Callable[[np.random.Generator], str], rng: np.random.Generator, n: int) -> list[str]:
-    """``n`` different values drawn with ``make``."""
-    out: list[str] = []
+    """``n`` different values drawn with ``make``, in the order drawn."""
+    out: dict[str, None] = {}
     while len(out) < n:
-        value = make(rng)
-        if value not in out:
-            out.append(value)
-    return out
+        out[make(rng)] = None
+    return list(out)
 
 
 def number(rng: np.random.Generator, digits: int) -> str:

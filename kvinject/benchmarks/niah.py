@@ -7,7 +7,9 @@ distractor needles with other keys), ``multivalue`` (several values under the qu
 all expected) and ``multiquery`` (several keys asked for at once). The queried needle (the
 first one, where there are several) sits at the cell's depth; the others at random depths.
 The prompt is RULER's niah template and answer prefix (scripts/data/synthetic/constants.py),
-in the singular where one value is asked for, as its niah.py rewrites it.
+in the singular where one value is asked for, as its niah.py rewrites it. The ``needles``
+haystack is RULER's ``type_haystack: needle``, lines of needles with other keys: with
+``single``, RULER's niah_multikey_2, and with UUID keys and values its niah_multikey_3.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .haystack import Cell, Item, LongContextBenchmark, LongContextOptions, Needle, distinct, filler_end, key_word, number, random_depths, uuid4
+from .haystack import HAYSTACKS, Cell, Item, LongContextBenchmark, LongContextOptions, Needle, distinct, filler_end, key_word, number, random_depths, uuid4
 from .options import option
 
 FAMILIES = ("single", "multikey", "multivalue", "multiquery")
@@ -27,6 +29,12 @@ class NiahOptions(LongContextOptions):
     family: str = option(
         "single", "single, multikey (distractor needles), multivalue (several values per key) or multiquery (several keys asked).", choices=FAMILIES
     )
+    haystack: str = option(
+        "text",
+        "Filler: text (--data, RULER's essays), noise (RULER's repeated sentences) or needles (needles of other keys, RULER's multikey_2/3).",
+        choices=(*HAYSTACKS, "needles"),
+    )
+    key_type: str = option("words", "Keys: adjective-noun words or UUIDs (RULER's multikey_3).", choices=("words", "uuids"))
     value_type: str = option("numbers", "Values: 7-digit numbers or UUIDs.", choices=("numbers", "uuids"))
     needles: int = option(4, "Needles of the multi- families: keys (multikey, multiquery) or values (multivalue).", minimum=2)
     max_tokens: int = option(128, "Tokens generated per item (RULER's tokens_to_generate).", minimum=1)
@@ -43,8 +51,16 @@ class Niah(LongContextBenchmark):
         n = 1 if o.family == "single" else o.needles
         n_keys = n if o.family in ("multikey", "multiquery") else 1
         n_values = n if o.family == "multivalue" else 1
-        keys = distinct(key_word, rng, n_keys)
-        values = distinct(lambda r: number(r, 7) if o.value_type == "numbers" else uuid4(r), rng, n_keys * n_values)
+        # A haystack of needles: more lines than the length can hold (a needle is over 10 tokens),
+        # their keys apart from the item's.
+        n_filler = cell.length // 10 if o.haystack == "needles" else 0
+        keys = distinct(key_word if o.key_type == "words" else uuid4, rng, n_keys + n_filler)
+        keys, filler_keys = keys[:n_keys], keys[n_keys:]
+
+        def value(r: np.random.Generator) -> str:
+            return number(r, 7) if o.value_type == "numbers" else uuid4(r)
+
+        values = distinct(value, rng, n_keys * n_values)
         pairs = [(keys[i // n_values], v) for i, v in enumerate(values)]
         asked = keys if o.family == "multiquery" else keys[:1]
         expected = tuple(v for k, v in pairs if k in asked)
@@ -54,7 +70,7 @@ class Niah(LongContextBenchmark):
         query = asked[0] if len(asked) == 1 else ", ".join(asked[:-1]) + ", and " + asked[-1]
         some, are, all_ = ("Some", "are", "are all") if plural else ("A", "is", "is")
         return Item(
-            needles=tuple(Needle(f"One of the special magic {o.value_type} for {k} is: {v}.", d) for (k, v), d in zip(pairs, depths)),
+            needles=tuple(Needle(needle(o.value_type, k, v), d) for (k, v), d in zip(pairs, depths)),
             before=(
                 f"{some} special magic {kind} {are} hidden within the following text. Make sure to memorize it. I will quiz you about the {kind} afterwards.\n"
             ),
@@ -62,4 +78,9 @@ class Niah(LongContextBenchmark):
             answer_prefix=f" The special magic {kind} for {query} mentioned in the provided text {are}",
             expected=expected,
             end=filler_end(rng, o.data),
+            filler=tuple(needle(o.value_type, k, value(rng)) for k in filler_keys),
         )
+
+
+def needle(value_type: str, key: str, value: str) -> str:
+    return f"One of the special magic {value_type} for {key} is: {value}."

@@ -669,12 +669,13 @@ def report(
     if output_format == "table":
         parts = [(f"{len(records)} runs from {len(stores)} store(s)", table)] if all_metrics or wide else terminal_tables(table)
         for title, part in parts:
-            t = Table(title=title, title_justify="left")
+            console.print(title, style="italic", highlight=False)  # not a table title: that wraps at the table's width
+            t = Table()
             shown = part.drop(columns=[c for c in ("test", "items_ci", "items_ci_method", "diff_ci", "percent_ci") if c in part.columns])
             for col in shown.columns:
                 t.add_column(str(col), justify="left" if col in ("model", "bench", "metric", "configuration", "label") else "right", overflow="fold")
             for row in shown.itertuples(index=False):
-                t.add_row(*(Text(_fmt(v, ".4g") if isinstance(v, float) else str(v)) for v in row))
+                t.add_row(*(Text(_fmt(v, ".4g") if v is None or isinstance(v, float) else str(v)) for v in row))
             console.print(t)
     else:
         print(render(table, output_format))

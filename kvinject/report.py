@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from scipy.stats import false_discovery_control
 
 from .benchmarks import BENCHMARKS
 from .benchmarks.base import RunResult
@@ -124,7 +125,8 @@ def check_metric(df: pd.DataFrame, metric: str) -> None:
 def study_table(df: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     """The study's layout: score and percent of control per bench and configuration, on each
     bench's primary metric (or `metric`), with both confidence intervals, the paired interval of
-    percent of control and the paired test's p."""
+    percent of control, the paired test's p, and its Benjamini-Hochberg q over the table's rows
+    of that bench and metric (a sweep compares many configurations with one control)."""
     if df.empty:
         return df
     out = df[primary_rows(df, metric)].copy()
@@ -132,6 +134,8 @@ def study_table(df: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     out["ci_runs"] = [f"{lo:.4g}–{hi:.4g}" if pd.notna(lo) else "" for lo, hi in zip(out["ci_low"], out["ci_high"])]
     out["percent_ci"] = out["percent_ci"].map(lambda ci: f"{ci[0]:.1f}–{ci[1]:.1f}" if isinstance(ci, list) and all(map(_finite, ci)) else "")
     out["p"] = out["test"].map(lambda t: t["p_value"] if isinstance(t, dict) else None)
+    q = out.groupby(["bench", "metric"], sort=False)["p"].transform(_q_values)
+    out["q"] = q.astype(object).where(q.notna(), None)  # none for the control, as its p
     cols = [
         "model",
         "bench",
@@ -146,10 +150,22 @@ def study_table(df: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
         "percent_of_control",
         "percent_ci",
         "p",
+        "q",
         "nonfinite_items",
     ]
     names = {"label": "configuration", "n": "runs", "mean": "score", "percent_of_control": "% control", "percent_ci": "% control CI"}
     return out[cols].rename(columns=names)
+
+
+def _q_values(p: pd.Series) -> pd.Series:
+    """Benjamini-Hochberg adjusted p-values (scipy's false_discovery_control) of the given ones;
+    NaN where no test was made."""
+    x = pd.to_numeric(p)
+    given = x.notna()
+    q = pd.Series(float("nan"), index=p.index)
+    if given.any():
+        q[given] = false_discovery_control(x[given].to_numpy())
+    return q
 
 
 def varying(df: pd.DataFrame) -> list[str]:
@@ -172,13 +188,21 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         # An option column holds floats where another bench lacks it (NaN): 3.0 is the limit 3.
         title = f"{bench}: {metric}, " + ", ".join(f"{k} {int(v) if isinstance(v, float) and v.is_integer() else v}" for k, v in values.items())
         part = part.assign(score=[f"{m:.4g} ± {s:.3g}" if pd.notna(s) else f"{m:.4g}" for m, s in zip(part["score"], part["std"])])
-        drop = ["bench", "metric", "std", *shared] + (["nonfinite_items"] if not part["nonfinite_items"].any() else [])
+        # Columns nothing fills (every row a control), and q where it can only repeat p (one test).
+        empty = [c for c in ("ci_runs", "ci_items", "% control CI", "p", "q") if c in part.columns and not part[c].map(_filled).any()]
+        single = ["q"] if "q" in part.columns and part["p"].map(_filled).sum() < 2 else []
+        drop = ["bench", "metric", "std", *shared, *empty, *single] + (["nonfinite_items"] if not part["nonfinite_items"].any() else [])
         parts.append((title, part.drop(columns=[c for c in drop if c in part.columns])))
     return parts
 
 
 def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _filled(value: object) -> bool:
+    """Whether a table cell shows something: a value, not an empty interval."""
+    return _given(value) and value != ""
 
 
 def _given(value: object) -> bool:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats as st
 
 from kvinject.jsonutil import dumps
+from kvinject.report import study_table
 from kvinject.stats import (
     PairedTest,
     RunSummary,
@@ -343,3 +345,29 @@ def test_percent_of_control() -> None:
     assert math.isnan(percent_of_control(1.0, 0.0))
     assert math.isnan(percent_of_control(1.0, float("nan")))
     assert math.isnan(percent_of_control(float("nan"), 1.0))
+
+
+def test_report_q_values_are_benjamini_hochberg_over_a_table() -> None:
+    """A bench's configurations against one control: q_(i) = min over j >= i of p_(j) m / j,
+    written out for p = 0.01, 0.04, 0.02 (m = 3): 0.03, 0.04, 0.03; none for the control."""
+    rows = [
+        {
+            "model": "m",
+            "bench": "nexttoken",
+            "metric": "accuracy",
+            "label": label,
+            "n": 1,
+            "mean": 0.5,
+            "std": 0.0,
+            "ci_low": math.nan,
+            "ci_high": math.nan,
+            "items_ci": None,
+            "percent_of_control": 100.0,
+            "percent_ci": None,
+            "test": None if p is None else {"p_value": p},
+            "nonfinite_items": 0,
+        }
+        for label, p in [("none", None), ("a", 0.01), ("b", 0.04), ("c", 0.02)]
+    ]
+    table = study_table(pd.DataFrame(rows))
+    assert list(table["q"]) == [None, pytest.approx(0.03), pytest.approx(0.04), pytest.approx(0.03)]

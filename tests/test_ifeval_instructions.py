@@ -102,10 +102,16 @@ def test_words_are_runs_of_word_characters():
     assert count_words("") == 0
 
 
-def test_sentences_ignore_bare_line_breaks():
-    # Punkt (the reference) only ends sentences at punctuation, never at a line break.
+def test_sentences_are_counted_as_punkt_counts_them():
+    # Punkt (the reference) ends sentences at punctuation, never at a bare line break.
     assert count_sentences("A title\n\nThe first sentence. The second one!\n* a bullet") == 3
     assert count_sentences("   \n ") == 0
+    # A response wrapped in quotes is still three sentences (pysbd had counted one), and a
+    # list's numbers are sentences of their own, as punkt splits them: IFEval's recorded
+    # verdicts on GPT-4's responses turn on both.
+    assert count_sentences('"Hello there. How are you? I am fine."') == 3
+    assert count_sentences("1. First point.\n2. Second point.\n3. Third point.") == 6
+    assert count_sentences("Dr. Smith went home. He was tired.") == 2  # an abbreviation of its model
 
 
 def test_capital_words_follow_nltk_tokenization():

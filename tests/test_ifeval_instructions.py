@@ -3,7 +3,7 @@
 import pytest
 
 from kvinject.benchmarks.ifeval import INSTRUCTIONS, build_instruction
-from kvinject.benchmarks.ifeval.instructions import count_sentences, count_words, nltk_like_words
+from kvinject.benchmarks.ifeval.instructions import count_sentences, count_words, nltk_words
 from kvinject.exceptions import DataError
 
 EN_UPPER = "THIS IS AN ENGLISH SENTENCE WRITTEN ENTIRELY IN CAPITAL LETTERS FOR THE TEST."
@@ -116,12 +116,14 @@ def test_sentences_are_counted_as_punkt_counts_them():
 
 def test_capital_words_follow_nltk_tokenization():
     # Splits as nltk.word_tokenize makes them: clitics, &, "cannot", curly quotes; hyphens kept.
-    assert nltk_like_words("DON'T say IT'S AT&T, WELL-KNOWN!") == ["DO", "N'T", "say", "IT", "'S", "AT", "&", "T", ",", "WELL-KNOWN", "!"]
-    assert nltk_like_words("CANNOT DON’T") == ["CAN", "NOT", "DON", "’", "T"]
+    assert nltk_words("DON'T say IT'S AT&T, WELL-KNOWN!") == ["DO", "N'T", "say", "IT", "'S", "AT", "&", "T", ",", "WELL-KNOWN", "!"]
+    assert nltk_words("CANNOT DON’T") == ["CAN", "NOT", "DON", "’", "T"]
     # A clitic before a sentence's final period is split off; one before another
     # character is not.
-    assert nltk_like_words("THAT'S. ok") == ["THAT", "'S", ".", "ok"]
-    assert nltk_like_words("THAT'S.ok") == ["THAT'S.ok"]
+    assert nltk_words("THAT'S. ok") == ["THAT", "'S", ".", "ok"]
+    assert nltk_words("THAT'S.ok") == ["THAT'S.ok"]
+    # Punkt's abbreviations stay whole words: "D.C." is one capital word, as nltk counts it.
+    assert nltk_words("Mr. SMITH went to D.C. at 5 p.m. NOW.") == ["Mr.", "SMITH", "went", "to", "D.C.", "at", "5", "p.m.", "NOW", "."]
     kwargs = {"capital_frequency": 3, "capital_relation": "at least"}
     check = build_instruction("change_case:capital_word_frequency", kwargs)
     assert check.check("DON'T PANIC")  # DO, N'T, PANIC

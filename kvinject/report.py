@@ -132,7 +132,7 @@ def study_table(df: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
     out = df[primary_rows(df, metric)].copy()
     out["ci_items"] = out["items_ci"].map(lambda ci: f"{ci[0]:.4g}–{ci[1]:.4g}" if ci and None not in ci else "")
     out["ci_runs"] = [f"{lo:.4g}–{hi:.4g}" if pd.notna(lo) else "" for lo, hi in zip(out["ci_low"], out["ci_high"])]
-    out["percent_ci"] = out["percent_ci"].map(lambda ci: f"{ci[0]:.1f}–{ci[1]:.1f}" if isinstance(ci, list) and all(map(_finite, ci)) else "")
+    out["percent_ci"] = out["percent_ci"].map(lambda ci: f"{ci[0]:.1f}–{ci[1]:.1f}" if isinstance(ci, list) and all(map(_given, ci)) else "")
     out["p"] = out["test"].map(lambda t: t["p_value"] if isinstance(t, dict) else None)
     q = out.groupby(["bench", "metric"], sort=False)["p"].transform(_q_values)
     out["q"] = q.astype(object).where(q.notna(), None)  # none for the control, as its p
@@ -194,10 +194,6 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         drop = ["bench", "metric", "std", *shared, *empty, *single] + (["nonfinite_items"] if not part["nonfinite_items"].any() else [])
         parts.append((title, part.drop(columns=[c for c in drop if c in part.columns])))
     return parts
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _filled(value: object) -> bool:

@@ -89,7 +89,7 @@ def _matrix(results: list[RunResult], metric: str) -> np.ndarray | None:
 
 
 def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, object]]:
-    """Per configuration and metric: across-run mean/std/t-CI, across-item bootstrap CI,
+    """Per configuration and metric: across-run mean/std/t-CI, an interval across items,
     percent of control and a paired test against the control, with paired bootstrap CIs of
     the difference and of percent of control (items are the unit)."""
     groups: dict[str, list[RunResult]] = {}
@@ -111,16 +111,16 @@ def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, obje
             # One run of pass/fail values: the Wilson interval, which a percentile bootstrap
             # shrinks to a point at 0 of n (a fault campaign's SDC rate) or n of n.
             proportion = matrix is not None and matrix.shape[0] == 1 and item_metric in bench.binary
-            boot = None if matrix is None else proportion_ci(matrix) if proportion else bootstrap_ci(matrix)
-            if boot is not None and transform is not None:
-                boot = tuple(transform(x) for x in boot)
+            items_ci = None if matrix is None else proportion_ci(matrix) if proportion else bootstrap_ci(matrix)
+            if items_ci is not None and transform is not None:
+                items_ci = tuple(transform(x) for x in items_ci)
             row: dict[str, object] = {
                 "bench": bench.name,
                 "label": label,
                 "metric": metric,
                 **summary.to_dict(),
-                "items_ci": list(boot) if boot is not None else None,
-                "items_ci_method": None if boot is None else "wilson" if proportion else "bootstrap",
+                "items_ci": list(items_ci) if items_ci is not None else None,
+                "items_ci_method": None if items_ci is None else "wilson" if proportion else "bootstrap",
                 "percent_of_control": percent_of_control(summary.mean, control_mean),
                 "diff_ci": None,
                 "percent_ci": None,

@@ -180,20 +180,19 @@ def paired_bootstrap(
         return nan, nan
     f = transform or (lambda x: x)
 
-    def interval(statistic: Callable[..., np.ndarray]) -> tuple[float, float]:
-        res = _st.bootstrap(
-            (c, t), statistic, paired=True, n_resamples=n_resamples, confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed)
-        )
-        return (float(res.confidence_interval.low), float(res.confidence_interval.high))
-
-    def ratio(c: np.ndarray, t: np.ndarray, axis: int = -1) -> np.ndarray:
+    def both(c: np.ndarray, t: np.ndarray, axis: int = -1) -> np.ndarray:
+        mc, mt = f(c.mean(axis=axis)), f(t.mean(axis=axis))
         with np.errstate(divide="ignore", invalid="ignore"):
-            return 100.0 * f(t.mean(axis=axis)) / f(c.mean(axis=axis))
+            return np.stack([mt - mc, 100.0 * mt / mc])
 
     with np.errstate(invalid="ignore"), warnings.catch_warnings():  # a control of 0 in a resample: NaN, said below
         warnings.simplefilter("ignore", _st.DegenerateDataWarning)
-        percent = interval(ratio)
-    return interval(lambda c, t, axis=-1: f(t.mean(axis=axis)) - f(c.mean(axis=axis))), percent if all(map(math.isfinite, percent)) else nan
+        res = _st.bootstrap(
+            (c, t), both, paired=True, n_resamples=n_resamples, confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed)
+        )
+    (d_lo, p_lo), (d_hi, p_hi) = res.confidence_interval.low, res.confidence_interval.high
+    percent = (float(p_lo), float(p_hi))
+    return (float(d_lo), float(d_hi)), percent if all(map(math.isfinite, percent)) else nan
 
 
 def _paired(control: Any, treated: Any) -> tuple[np.ndarray, np.ndarray]:

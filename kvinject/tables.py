@@ -16,8 +16,8 @@ def fmt(value: object, spec: str = ".4g") -> str:
 
 def bench_table(bench: str, primary: str, secondary: tuple[str, ...], aggregates: list[dict[str, object]], wide: bool = False) -> Table:
     """One row per configuration: the primary metric with its spread, CIs, percent of control with
-    its paired interval and the paired test; with ``wide``, the secondary metrics' means too. The narrow table fits a
-    100-column terminal; its caption names what --wide adds."""
+    its paired interval and the paired test; with ``wide``, the secondary metrics' means too.
+    The narrow table fits a 100-column terminal; its caption names what --wide adds."""
     rows = [a for a in aggregates if a["bench"] == bench]
     by_label: dict[str, dict[str, dict[str, object]]] = {}
     for a in rows:

@@ -219,6 +219,15 @@ def test_the_needles_haystack_is_whole_needles_of_other_keys(key_type, value_typ
         assert uuid.UUID(asked).version == 4
 
 
+def test_a_needles_haystack_is_drawn_at_any_length():
+    """32K tokens ask for more distractor needles than there are word keys (2304): each is drawn
+    on its own, as RULER's, never with a key the item hides."""
+    for item in make_bench("niah", {"family": "multikey", "haystack": "needles", "lengths": (32768,), "depths": (50,), "samples": 1}).items:
+        hidden = {re.search(r"for (\S+) is:", n.text)[1] for n in item.needles}
+        filler_keys = [re.search(r"for (\S+) is:", line)[1] for line in item.filler]
+        assert len(filler_keys) > 3000 and not hidden & set(filler_keys)
+
+
 def test_the_noise_haystack_is_ruler_s_block_a_line_each(tiny):
     bench = make_bench("passkey", {"lengths": (1024,), "depths": (50,), "samples": 1, "haystack": "noise"})
     bench.prompts(tiny)

@@ -14,6 +14,7 @@ haystack is RULER's ``type_haystack: needle``, lines of needles with other keys:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ from .haystack import HAYSTACKS, Cell, Item, LongContextBenchmark, LongContextOp
 from .options import option
 
 FAMILIES = ("single", "multikey", "multivalue", "multiquery")
+Draw = Callable[[np.random.Generator], str]
 
 
 @dataclass(frozen=True)
@@ -51,11 +53,8 @@ class Niah(LongContextBenchmark):
         n = 1 if o.family == "single" else o.needles
         n_keys = n if o.family in ("multikey", "multiquery") else 1
         n_values = n if o.family == "multivalue" else 1
-        # A haystack of needles: more lines than the length can hold (a needle is over 10 tokens),
-        # their keys apart from the item's.
-        n_filler = cell.length // 10 if o.haystack == "needles" else 0
-        keys = distinct(key_word if o.key_type == "words" else uuid4, rng, n_keys + n_filler)
-        keys, filler_keys = keys[:n_keys], keys[n_keys:]
+        key = key_word if o.key_type == "words" else uuid4
+        keys = distinct(key, rng, n_keys)
 
         def value(r: np.random.Generator) -> str:
             return number(r, 7) if o.value_type == "numbers" else uuid4(r)
@@ -78,8 +77,15 @@ class Niah(LongContextBenchmark):
             answer_prefix=f" The special magic {kind} for {query} mentioned in the provided text {are}",
             expected=expected,
             end=filler_end(rng, o.data),
-            filler=tuple(needle(o.value_type, k, value(rng)) for k in filler_keys),
+            filler=self.filler(rng, cell, key, value, keys) if o.haystack == "needles" else (),
         )
+
+    def filler(self, rng: np.random.Generator, cell: Cell, key: Draw, value: Draw, keys: list[str]) -> tuple[str, ...]:
+        """RULER's haystack of needles: more lines than the length can hold (a needle is over 10
+        tokens), each drawn on its own as RULER's are (a key may repeat: there are 2304 word
+        keys), none with a key the item asks about or hides."""
+        drawn = ((key(rng), value(rng)) for _ in range(cell.length // 10))
+        return tuple(needle(self.options.value_type, k, v) for k, v in drawn if k not in keys)
 
 
 def needle(value_type: str, key: str, value: str) -> str:

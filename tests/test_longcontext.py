@@ -264,6 +264,8 @@ def test_a_length_beyond_the_training_context_is_a_clear_error(tiny):
 
 
 def test_options_are_checked():
+    with pytest.raises(DataError, match="niah: 3000 needles need more keys than the 2304 word keys: use --key-type uuids"):
+        make_bench("niah", {"family": "multikey", "needles": 3000})
     with pytest.raises(SpecError, match="family must be one of single, multikey, multivalue, multiquery"):
         make_bench("niah", {"family": "double"})
     with pytest.raises(SpecError, match="lengths must be at least 64"):

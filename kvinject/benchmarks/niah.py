@@ -19,7 +19,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .haystack import HAYSTACKS, Cell, Item, LongContextBenchmark, LongContextOptions, Needle, distinct, filler_end, key_word, number, random_depths, uuid4
+from ..exceptions import DataError
+from .haystack import (
+    ADJECTIVES,
+    HAYSTACKS,
+    NOUNS,
+    Cell,
+    Item,
+    LongContextBenchmark,
+    LongContextOptions,
+    Needle,
+    distinct,
+    filler_end,
+    key_word,
+    number,
+    random_depths,
+    uuid4,
+)
 from .options import option
 
 FAMILIES = ("single", "multikey", "multivalue", "multiquery")
@@ -47,6 +63,12 @@ class Niah(LongContextBenchmark):
     summary = "RULER-style needles in a haystack (single, multikey, multivalue, multiquery), per length and depth."
     Options = NiahOptions
     options: NiahOptions
+
+    def load(self) -> None:
+        o = self.options
+        if o.key_type == "words" and o.family in ("multikey", "multiquery") and o.needles > len(ADJECTIVES) * len(NOUNS):
+            raise DataError(f"niah: {o.needles} needles need more keys than the {len(ADJECTIVES) * len(NOUNS)} word keys: use --key-type uuids")
+        super().load()
 
     def make_item(self, rng: np.random.Generator, cell: Cell) -> Item:
         o = self.options

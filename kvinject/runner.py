@@ -108,10 +108,13 @@ def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, obje
             control_mean = float(np.nanmean(control_values)) if np.isfinite(control_values).any() else math.nan
             item_metric, transform = bench.proxies.get(metric, (metric, None))
             matrix = _matrix(group, item_metric)
+            # Item weights, the same in every run; records stored before they were have none.
+            weighing = _matrix(group, bench.weights[metric]) if metric in bench.weights else None
+            weights = weighing[0] if weighing is not None else None
             # One run of pass/fail values: the Wilson interval, which a percentile bootstrap
             # shrinks to a point at 0 of n (a fault campaign's SDC rate) or n of n.
             proportion = matrix is not None and matrix.shape[0] == 1 and item_metric in bench.binary
-            items_ci = None if matrix is None else proportion_ci(matrix) if proportion else bootstrap_ci(matrix)
+            items_ci = None if matrix is None else proportion_ci(matrix) if proportion else bootstrap_ci(matrix, weights=weights)
             if items_ci is not None and transform is not None:
                 items_ci = tuple(transform(x) for x in items_ci)
             row: dict[str, object] = {
@@ -130,6 +133,6 @@ def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, obje
             control_matrix = _matrix(control, item_metric)
             if label != control_label and matrix is not None and control_matrix is not None and np.isfinite(control_matrix).any():
                 row["test"] = compare_to_control(control_matrix, matrix, binary=item_metric in bench.binary).to_dict()
-                row["diff_ci"], row["percent_ci"] = map(list, paired_bootstrap(control_matrix, matrix, transform))
+                row["diff_ci"], row["percent_ci"] = map(list, paired_bootstrap(control_matrix, matrix, transform, weights=weights))
             out.append(row)
     return out

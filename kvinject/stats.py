@@ -118,26 +118,35 @@ def item_means(scores: np.ndarray | Sequence[Any]) -> np.ndarray:
         return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
+def _weighted_mean(x: np.ndarray, w: np.ndarray, axis: int = -1) -> np.ndarray:
+    return (x * w).sum(axis=axis) / w.sum(axis=axis)
+
+
 def bootstrap_ci(
     scores: np.ndarray,
     statistic: Callable[..., Any] = np.mean,
     confidence: float = 0.95,
     n_resamples: int = 2000,
     seed: int = 0,
+    weights: np.ndarray | Sequence[float] | None = None,
 ) -> tuple[float, float]:
     """Percentile bootstrap CI resampling items (all runs of an item together); (nan, nan) below 2 items.
 
     ``statistic(item_means, axis=-1)`` is applied to the vector of per-item run-means (items
-    with no valid value dropped), as ``scipy.stats.bootstrap`` requires.
+    with no valid value dropped), as ``scipy.stats.bootstrap`` requires. With ``weights`` (one
+    per item) the statistic is the weighted mean of the resampled items, a pooled rate such as
+    followed instructions over given ones.
     """
     _check_confidence(confidence)
     x = item_means(scores)
-    x = x[~np.isnan(x)]
-    if x.size < 2:
+    keep = ~np.isnan(x)
+    if keep.sum() < 2:
         return (math.nan, math.nan)
+    data = (x[keep],) if weights is None else (x[keep], np.asarray(weights, dtype=np.float64)[keep])
     res = _st.bootstrap(
-        (x,),
-        statistic,
+        data,
+        statistic if weights is None else _weighted_mean,
+        paired=weights is not None,
         n_resamples=n_resamples,
         confidence_level=confidence,
         method="percentile",
@@ -167,28 +176,40 @@ def paired_bootstrap(
     confidence: float = 0.95,
     n_resamples: int = 2000,
     seed: int = 0,
+    weights: np.ndarray | Sequence[float] | None = None,
 ) -> tuple[tuple[float, float], tuple[float, float]]:
     """Percentile bootstrap CIs of treated - control and of 100 * treated / control, resampling
     items as pairs (the same items on both sides; each item's runs averaged first, pairs with a
     missing side dropped). ``transform`` (vectorized, e.g. ``np.exp`` of a mean NLL) is applied
-    to each side's mean over items. Both intervals from the same resamples; (nan, nan) below 2
-    pairs, and for the ratio when a resample's control is 0."""
+    to each side's mean over items, weighted by ``weights`` (one per item) if given. Both
+    intervals from the same resamples; (nan, nan) below 2 pairs, and for the ratio when a
+    resample's control is 0."""
     _check_confidence(confidence)
-    c, t = _paired(item_means(_as_matrix(control_scores, "control_scores")), item_means(_as_matrix(treated_scores, "treated_scores")))
+    c, t = item_means(_as_matrix(control_scores, "control_scores")), item_means(_as_matrix(treated_scores, "treated_scores"))
+    if c.shape != t.shape:
+        raise ValueError(f"control and treated must have the same number of items: {c.size} != {t.size}")
+    keep = ~(np.isnan(c) | np.isnan(t))
+    w = np.ones(c.shape) if weights is None else np.asarray(weights, dtype=np.float64)
     nan = (math.nan, math.nan)
-    if c.size < 2:
+    if keep.sum() < 2:
         return nan, nan
     f = transform or (lambda x: x)
 
-    def both(c: np.ndarray, t: np.ndarray, axis: int = -1) -> np.ndarray:
-        mc, mt = f(c.mean(axis=axis)), f(t.mean(axis=axis))
+    def both(c: np.ndarray, t: np.ndarray, w: np.ndarray, axis: int = -1) -> np.ndarray:
+        mc, mt = f(_weighted_mean(c, w, axis)), f(_weighted_mean(t, w, axis))
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.stack([mt - mc, 100.0 * mt / mc])
 
     with np.errstate(invalid="ignore"), warnings.catch_warnings():  # a control of 0 in a resample: NaN, said below
         warnings.simplefilter("ignore", _st.DegenerateDataWarning)
         res = _st.bootstrap(
-            (c, t), both, paired=True, n_resamples=n_resamples, confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed)
+            (c[keep], t[keep], w[keep]),
+            both,
+            paired=True,
+            n_resamples=n_resamples,
+            confidence_level=confidence,
+            method="percentile",
+            rng=np.random.default_rng(seed),
         )
     (d_lo, p_lo), (d_hi, p_hi) = res.confidence_interval.low, res.confidence_interval.high
     percent = (float(p_lo), float(p_hi))

@@ -3,8 +3,10 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from kvinject.benchmarks import make_bench
 from kvinject.benchmarks.ifeval import (
     INSTRUCTIONS,
     IFEvalItem,
@@ -124,6 +126,12 @@ def test_fixture_verdicts_and_metrics():
             "inst_level_loose_acc": 4 / 5,
         }
     )
+    # The bench's per-prompt values, weighted by their instructions, are the pooled 2 of 5
+    # (unweighted, 1/2, 0 and 1 would average 1/2): what its intervals resample.
+    bench = make_bench("ifeval", {"data": str(FIXTURES / "input_data.jsonl")})
+    _, items = bench.summarize(verdicts)
+    assert bench.weights["inst_level_strict_acc"] == "instructions" and items["instructions"] == [2, 2, 1]
+    assert np.average(items["inst_level_strict_acc"], weights=items["instructions"]) == pytest.approx(2 / 5)
 
 
 @pytest.mark.parametrize(

@@ -282,6 +282,20 @@ def test_bootstrap_keeps_runs_of_an_item_together() -> None:
     assert bootstrap_ci(alternating) == (0.5, 0.5)
 
 
+def test_weighted_bootstrap_is_about_the_pooled_rate() -> None:
+    """100 prompts of one instruction, all followed, and 100 of four, half followed: the pooled
+    rate is 300 of 500 = 0.6, the mean of the per-prompt rates 0.75. The weighted interval is
+    the pooled rate's (its spread about sqrt(0.6 * 0.4 / 500) and more, from the unequal
+    prompts), far from 0.75; equal weights give the plain mean's interval."""
+    x = np.r_[np.ones(100), np.full(100, 0.5)]
+    w = np.r_[np.ones(100), np.full(100, 4.0)]
+    lo, hi = bootstrap_ci(x, weights=w)
+    assert lo < 0.6 < hi and hi < 0.7
+    assert bootstrap_ci(x, weights=np.ones(200)) == pytest.approx(bootstrap_ci(x), abs=0.01)
+    diff, percent = paired_bootstrap(x, x, weights=w)
+    assert diff == (0.0, 0.0) and percent == pytest.approx((100.0, 100.0))
+
+
 def test_bootstrap_edge_cases() -> None:
     assert all(math.isnan(v) for v in bootstrap_ci(np.ones((5, 1))))
     # an item with no valid run is dropped, leaving one item

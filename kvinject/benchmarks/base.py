@@ -101,6 +101,9 @@ class Benchmark(ABC):
     # metric -> (per-item metric, transform of its mean over items, vectorized as numpy's ufuncs)
     # for metrics that are not a mean over items
     proxies: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {}
+    # metric -> the per-item series that weighs its items, for a metric pooled over items of
+    # unequal size (followed instructions over given ones): its intervals resample weighted means
+    weights: ClassVar[dict[str, str]] = {}
     spans: ClassVar[tuple[str, ...]] = ()  # the span names --positions may use with this benchmark
 
     def __init_subclass__(cls, **kwargs: object) -> None:

@@ -50,6 +50,8 @@ class IFEval(GenerationBenchmark):
         "inst_level_loose_acc": True,
     }
     binary = frozenset({"prompt_level_strict_acc", "prompt_level_loose_acc"})
+    # lm-eval pools instruction-level accuracy over all instructions, not per prompt
+    weights = {"inst_level_strict_acc": "instructions", "inst_level_loose_acc": "instructions"}
     keep_texts = True
 
     def load(self) -> None:
@@ -97,5 +99,6 @@ class IFEval(GenerationBenchmark):
             "prompt_level_loose_acc": [float(v.follow_all_loose) for v in scores],
             "inst_level_strict_acc": [float(np.mean(v.strict)) for v in scores],
             "inst_level_loose_acc": [float(np.mean(v.loose)) for v in scores],
+            "instructions": [float(len(v.strict)) for v in scores],
         }
         return metrics(scores), items

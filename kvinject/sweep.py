@@ -126,7 +126,8 @@ class Sweep:
         everything left is claimed by others the worker waits, looking every ``poll`` seconds,
         since a claim may still be given up or expire; it returns when nothing is left.
         ``notice`` hears what it waits for and takes over, ``stored`` a line for each run stored
-        (for logs, where no progress bar shows). Returns the number of runs written."""
+        with the runs left (for logs, where no progress bar shows). Returns the number of runs
+        written."""
         notice = notice or (lambda message: None)
         total = sum(len(p.runs) for p in self.plan())  # hashes the models and reads the data before any lock
         bar = progress("all cells (runs)", total) if progress else (lambda n: None)
@@ -137,6 +138,11 @@ class Sweep:
             nonlocal shown
             shown += n
             bar(n)
+
+        def logged(line: str) -> None:
+            if stored:
+                left = total - shown
+                stored(f"{line}; {left} run{'' if left == 1 else 's'} left")
 
         backend = BackendOptions(n_gpu_layers=self.grid.n_gpu_layers, threads=self.grid.threads, parallel=self.grid.parallel)
         models: dict[str, Model] = {}
@@ -155,7 +161,7 @@ class Sweep:
                         time.sleep(self.poll)
                         continue
                     waiting = set()
-                    written += self._evaluate(members, models, backend, progress, overall, stored or (lambda line: None))
+                    written += self._evaluate(members, models, backend, progress, overall, logged)
                     self.store.release(self.worker, self.group_key(members[0].cell.group))
         finally:
             self.store.release(self.worker)  # on Ctrl-C or an error: the others take over at once
@@ -220,13 +226,13 @@ class Sweep:
             if not added and p is None and result.outputs is not None:  # a control stored without its tokens: they are now
                 self.store.add_outputs(key, result.run, result.outputs)
             written += added
+            if p is not None:
+                overall(1)
             if added:  # not a control evaluated again for the runs left
                 value = result.metrics.get(bench.primary, float("nan"))
                 stored(
                     f"stored {bench.name} {Path(cell.model).name} {cell.config.label} run {result.run}: {bench.primary} {value:.4g} ({result.seconds:.0f} s)"
                 )
-            if p is not None:
-                overall(1)
         return written
 
 

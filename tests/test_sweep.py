@@ -165,11 +165,13 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path, tiny_path):
     resumed = sweep(grid, "--store", store)
     _, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
-    # Its log (no terminal: no bars) has a timed line for each run it stored, none for the control it evaluated again.
+    # Its log (no terminal: no bars) has a timed line for each run it stored, none for the control
+    # it evaluated again, each with the runs left, down to none.
     lines = [line for line in err.splitlines() if " stored " in line]
     assert len(lines) == EXPECTED_RUNS - killed_at and all(
         re.match(r"\d\d:\d\d:\d\d stored (nexttoken|perplexity) tiny-llama.gguf ", line) for line in lines
     ), err
+    assert [int(re.search(r"; (\d+) runs? left$", line)[1]) for line in lines] == list(reversed(range(len(lines)))), err
     with Store(store) as s:
         keys = [(r["cell"], r["run"]) for r in s.records()]
     assert len(keys) == len(set(keys)) == EXPECTED_RUNS

@@ -106,6 +106,55 @@ def test_perplexity_matches_an_independent_per_position_computation(tiny, tmp_pa
     assert len(result.items["mean_nll"]) == 2
 
 
+def test_kld_same_top_and_rms_dp_match_an_independent_computation(tiny):
+    """3-bit quantization of K and V against the control, as llama-perplexity --kl-divergence
+    defines them:
+    KL(control || configuration) per scored position, the share of positions whose argmax
+    agrees, and the RMS of the change in the true token's probability, each chunk on its own
+    here; the per-chunk items give the same values (the intervals' data)."""
+    from kvinject.data import read_text
+
+    bench = Perplexity(chunks=2, ctx=64)
+    coarse = Configuration.parse("quant:3")
+    _, result = run(tiny, [bench], [CONTROL, coarse], runs=1)
+    tokens = tiny.tokenize(read_text(None, "encyclopedia"), add_special=True, parse_special=False)
+    kld, same, dp = [], [], []
+    for chunk in range(2):
+        piece = tokens[chunk * 64 : (chunk + 1) * 64]
+        rows = {}
+        for name, error in (("base", None), ("quant", coarse.error)):
+            with tiny.context(error=error, n_ctx=64, n_batch=64) as ctx:
+                ctx.decode([(t, pos, 0, True) for pos, t in enumerate(piece)])
+                rows[name] = np.array([log_softmax(ctx.logits(pos)) for pos in range(32, 63)])
+        base, q = rows["base"], rows["quant"]
+        kld += list((np.exp(base) * (base - q)).sum(axis=1))
+        same += list(base.argmax(axis=1) == q.argmax(axis=1))
+        targets = np.array(piece[33:64])
+        dp += list(np.exp(q[np.arange(31), targets]) - np.exp(base[np.arange(31), targets]))
+    m = result.metrics
+    assert m["kld"] > 1e-2 and m["kld"] == pytest.approx(np.mean(kld), rel=1e-3)
+    assert m["same_top_p"] == pytest.approx(np.mean(same), abs=1 / 62) and m["rms_dp"] == pytest.approx(math.sqrt(np.mean(np.square(dp))), rel=1e-3)
+    items = result.items
+    assert np.mean(items["same_top_p"]) == pytest.approx(m["same_top_p"]) and math.sqrt(np.mean(items["mean_dp2"])) == pytest.approx(m["rms_dp"])
+
+
+def test_kld_is_from_the_control_to_the_configuration():
+    """KL(control || configuration). The tiny model's distributions are too even for the two
+    directions to differ (0.4602 against 0.4603 under quant:2), so the scoring is given a
+    peaked control and a flat configuration, where they differ several-fold."""
+    from kvinject.benchmarks.perplexity import _Base, _score, _Scratch, _Tally
+
+    rng = np.random.default_rng(0)
+    peaked, flat = (rng.normal(size=(6, 40)).astype(np.float32) * scale for scale in (6, 0.5))
+    targets = rng.integers(0, 40, 6)
+    scratch, base, tally = _Scratch(6, 40), _Base(6, 40), _Tally()
+    _score(_Tally(), peaked.copy(), targets, scratch, None, base)  # the control's chunk
+    _score(tally, flat.copy(), targets, scratch, base, None)
+    lp, lf = log_softmax(peaked), log_softmax(flat)
+    forward, reverse = (np.exp(lp) * (lp - lf)).sum(axis=1).mean(), (np.exp(lf) * (lf - lp)).sum(axis=1).mean()
+    assert tally.kld / tally.compared == pytest.approx(forward, rel=1e-5) and max(forward, reverse) > 2 * min(forward, reverse)
+
+
 def test_a_run_compares_each_configuration_with_the_control(tiny):
     benches = [NextToken(limit=6), Perplexity(chunks=2, ctx=64), IFEval(data=os.path.join(FIXTURES, "ifeval/input_data.jsonl"), max_tokens=8)]
     results = list(run(tiny, benches, [CONTROL, NOISY, QUANT], runs=3, seed=1))

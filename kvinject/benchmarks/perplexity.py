@@ -43,6 +43,8 @@ class _Tally:
     def __init__(self) -> None:
         self.chunk_nll: list[float] = []
         self.chunk_kld: list[float] = []
+        self.chunk_same_top: list[float] = []
+        self.chunk_dp2: list[float] = []
         self.nll = self.nll2 = 0.0
         self.count = 0
         self.kld = 0.0
@@ -81,7 +83,7 @@ class Perplexity(Benchmark):
     secondary = ("kld", "same_top_p", "rms_dp")
     # PPL is exp of the mean NLL over equal-sized chunks: its item-level CI and paired test
     # come from the per-chunk mean NLL.
-    proxies = {"ppl": ("mean_nll", np.exp)}
+    proxies = {"ppl": ("mean_nll", np.exp), "rms_dp": ("mean_dp2", np.sqrt)}
     higher_is_better = {"ppl": False, "mean_nll": False, "kld": False, "same_top_p": True, "rms_dp": False}
 
     def load(self) -> None:
@@ -226,7 +228,7 @@ class Perplexity(Benchmark):
             config,
             run,
             metrics,
-            {"mean_nll": tally.chunk_nll, "kld": tally.chunk_kld},
+            {"mean_nll": tally.chunk_nll, "kld": tally.chunk_kld, "same_top_p": tally.chunk_same_top, "mean_dp2": tally.chunk_dp2},
             ctx.realized,
             tally.nonfinite,
             tally.seconds,
@@ -274,8 +276,8 @@ def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, scratch: _Scr
     top = logits.max(axis=1, keepdims=True)
     if not (np.isfinite(top).all() and np.isfinite(logits.min(axis=1)).all()):
         tally.nonfinite += 1
-        tally.chunk_nll.append(math.nan)
-        tally.chunk_kld.append(math.nan)
+        for chunks in (tally.chunk_nll, tally.chunk_kld, tally.chunk_same_top, tally.chunk_dp2):
+            chunks.append(math.nan)
         if keep is not None:
             keep.valid = False
         return
@@ -289,15 +291,20 @@ def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, scratch: _Scr
     tally.count += len(nll)
     tally.chunk_nll.append(float(nll.mean()))
     if base is None or not base.valid:
-        tally.chunk_kld.append(math.nan)
+        for chunks in (tally.chunk_kld, tally.chunk_same_top, tally.chunk_dp2):
+            chunks.append(math.nan)
     else:
         # KL(base || this) = sum p_b log p_b - sum p_b (shifted - lse), without forming log p.
         cross = np.multiply(base.p, shifted, out=scratch.work).sum(axis=1, dtype=np.float64)
         kld = base.neg_entropy - cross + lse * base.p_sum
         tally.kld += float(kld.sum())
         tally.chunk_kld.append(float(kld.mean()))
-        tally.same_top += int(np.count_nonzero(base.top == shifted.argmax(axis=1)))
-        tally.dp2 += sumsq(np.exp(logp_target) - np.exp(base.logp_target))
+        same = int(np.count_nonzero(base.top == shifted.argmax(axis=1)))
+        dp2 = sumsq(np.exp(logp_target) - np.exp(base.logp_target))
+        tally.same_top += same
+        tally.dp2 += dp2
         tally.compared += len(targets)
+        tally.chunk_same_top.append(same / len(targets))
+        tally.chunk_dp2.append(dp2 / len(targets))
     if keep is not None:
         keep.fill(scratch, lse, logp_target)

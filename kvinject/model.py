@@ -7,11 +7,14 @@ import hashlib
 import importlib
 import importlib.util
 import re
+from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
+import jinja2
 import llama_cpp
 from llama_cpp import llama_cpp as ll
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from .context import Context
 from .error_models import ErrorModel
@@ -224,22 +227,30 @@ class Model:
     def has_chat_template(self) -> bool:
         return ll.llama_model_chat_template(self._ptr, None) is not None
 
-    def chat_prompt(self, user: str, system: str | None = None) -> str:
-        """The prompt text for one user turn, through the model's own chat template."""
+    @cached_property
+    def _chat(self) -> _ChatTemplate:
         template = ll.llama_model_chat_template(self._ptr, None)
         if template is None:
             raise ModelError(f"{self.path.name} has no chat template; use a raw prompt instead")
-        messages = ([("system", system)] if system else []) + [("user", user)]
-        chat = (ll.llama_chat_message * len(messages))(*(ll.llama_chat_message(r.encode(), c.encode()) for r, c in messages))
-        size = 4 * sum(len(c) for _, c in messages) + 1024
-        buf = ctypes.create_string_buffer(size)
-        n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, size)
-        if n > size:
-            buf = ctypes.create_string_buffer(n)
-            n = ll.llama_chat_apply_template(template, chat, len(messages), True, buf, n)
-        if n < 0:
-            raise ModelError(f"llama.cpp cannot apply the chat template of {self.path.name}")
-        return buf.raw[:n].decode("utf-8", "replace")
+        bos, eos = (self.piece(t, special=True).decode("utf-8", "replace") for t in (ll.llama_vocab_bos(self.vocab), ll.llama_vocab_eos(self.vocab)))
+        try:
+            return _ChatTemplate(template.decode("utf-8", "replace"), eos_token=eos, bos_token=bos)
+        except jinja2.TemplateError as e:
+            raise ModelError(f"the chat template of {self.path.name} is not valid Jinja: {e}") from None
+
+    def chat_prompt(self, user: str, system: str | None = None) -> str:
+        """The prompt text for one user turn, through the model's own chat template rendered as
+        transformers renders it (and lm-eval with it): Jinja, with the template's default system
+        prompt where it has one, which llama.cpp's built-in renderings leave out (SmolLM2's "You
+        are a helpful AI assistant named SmolLM..."). A BOS the template writes is left to
+        ``tokenize``, which adds it where the model wants one."""
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        try:
+            text = self._chat(messages=messages).prompt
+        except jinja2.TemplateError as e:
+            raise ModelError(f"cannot render the chat template of {self.path.name}: {e}") from None
+        bos = self._chat.bos_token
+        return text[len(bos) :] if bos and text.startswith(bos) and ll.llama_vocab_get_add_bos(self.vocab) else text
 
     def context(
         self,
@@ -261,3 +272,13 @@ def versions() -> dict[str, str]:
     """llama-cpp-python's version and the llama.cpp build it carries."""
     info = ll.llama_print_system_info().decode().strip()
     return {"llama_cpp_python": llama_cpp.__version__, "llama_cpp_system": info}
+
+
+class _ChatTemplate(Jinja2ChatFormatter):
+    """llama-cpp-python's Jinja renderer of chat templates (transformers' environment), with one
+    fixed date for templates that print today's (Llama 3.1 and later): a prompt must not change
+    from one day to the next. The date is the one those templates fall back to."""
+
+    @staticmethod
+    def strftime_now(f: str) -> str:
+        return datetime(2024, 7, 26).strftime(f)

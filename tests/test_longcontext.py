@@ -41,15 +41,16 @@ def needle_share(model, bench, index: int) -> float:
     return filler_tokens(text[first:at]) / filler_tokens(text[first:last])
 
 
-# vt's worked example (about 500 tokens, as RULER's) leaves a 1K prompt 6 noise blocks, too few
-# to place a needle within 5% of its depth: its lengths start at 2K here. Text fills to a word,
-# noise to a block (about 25 tokens), needles to a line.
+# vt's worked example (about 500 tokens, as RULER's) leaves a 1K prompt 6 noise blocks, and
+# niah's 128 answer tokens leave it about 500 words, sentences 4% apart: too coarse to place a
+# needle within 5% of its depth, so their lengths start at 2K here. Text fills to a word, noise
+# to a block (about 25 tokens), needles to a line.
 @pytest.mark.parametrize(
     "name,options,slack",
     [
         ("passkey", {}, 6),
-        ("niah", {"family": "multikey"}, 6),
-        ("niah", {"haystack": "needles", "family": "multivalue"}, 25),
+        ("niah", {"family": "multikey", "lengths": (2048, 3072)}, 6),
+        ("niah", {"haystack": "needles", "family": "multivalue", "lengths": (2048, 3072)}, 25),
         ("vt", {"chains": 2, "lengths": (2048, 3072)}, 30),
     ],
 )
@@ -59,7 +60,7 @@ def test_the_prompt_has_the_asked_length_and_the_needle_its_depth(name, options,
     for cell, prompt, fitted in zip(bench.cells, prompts, bench.fitted):
         # The length counts the chat template and the answer's max_tokens, as RULER's does.
         assert cell.length - bench.max_tokens - slack <= len(prompt) <= cell.length - bench.max_tokens
-        assert fitted.text.startswith("<|im_start|>user\n") and "<|im_start|>assistant\n" in fitted.text
+        assert fitted.text.startswith("<|im_start|>system\n") and "<|im_start|>user\n" in fitted.text and "<|im_start|>assistant\n" in fitted.text
         assert prompt == tiny.tokenize(fitted.text, parse_special=True)
     for i, cell in enumerate(bench.cells):
         assert needle_share(tiny, bench, i) == pytest.approx(cell.depth / 100, abs=0.05)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
@@ -124,6 +125,27 @@ def test_stop_fires_on_a_stop_sequence_in_the_detokenized_text(tiny):
     assert stop(tiny.tokenize("So 5 + 4 = 9.\n#### 9\n\nQuestion:", add_special=False))
     assert stop(tiny.tokenize("#### 9</s>", add_special=False, parse_special=False))
     assert not stop(tiny.tokenize("So 5 + 4 = 9.\n#### 9\n\nQuest", add_special=False))
+
+
+@needs_gsm8k
+def test_shots_data_draws_each_question_s_examples_as_lm_eval_s_sampler(tmp_path):
+    """--shots-data: every problem of --data is asked, each after k examples drawn from the
+    other file by random.Random(1234).sample, question after question (lm-eval's sampler over
+    the train split; here a stand-in "train" of 40 rows of the test file)."""
+    rows = GSM8K_TEST.read_text().splitlines()
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text("\n".join(rows[:40]) + "\n")
+    test.write_text("\n".join(rows[40:46]) + "\n")
+    bench = GSM8K(data=str(test), shots_data=str(train), shots=3)
+    assert len(bench) == 6 and bench.shots == []
+    pool = load_items(str(train))
+    rnd = random.Random(1234)
+    for text, item in zip(bench.prompt_texts, bench.items):
+        chosen = rnd.sample(pool, 3)
+        assert text == "".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in chosen) + f"Question: {item.question}\nAnswer:"
+    assert len(set(bench.shot_texts)) > 1, "each question its own examples"
+    with pytest.raises(DataError, match="holds 40 problems, fewer than the 50 worked examples asked"):
+        GSM8K(data=str(test), shots_data=str(train), shots=50)
 
 
 @needs_gsm8k

@@ -232,7 +232,7 @@ def test_gsm8k_declares_its_worked_examples_and_the_question(tiny):
     ((a, b),) = spans["context"]
     ((c, d),) = spans["question"]
     assert (a, b, d) == (0, c, len(tokens))
-    assert tiny.detokenize(tokens[a:b]) == bench.shot_text
+    assert tiny.detokenize(tokens[a:b]) == bench.shot_texts[0]
     assert tiny.detokenize(tokens[c:d]) == f"Question: {bench.items[0].question}\nAnswer:"
 
 

@@ -7,11 +7,14 @@ stopped at "Question:", "</s>" or "<|im_end|>" (lm-eval's stop sequences), the r
 there. ``--chat`` asks through the model's chat template instead, zero-shot by default, with
 an instruction to end with "#### N"; shots, if asked for, go in the same user turn.
 
-Where the worked examples come from: lm-eval draws them from GSM8K's train split, which is not
-here offline. For the generated problems (the default), they are generated problems of
-another stream of the same seed, any that repeats an evaluated question skipped. For a GSM8K
-file or ``hf:`` dataset, they are its first ``--shots`` problems, left out of the evaluated
-items: a GSM8K test file gives 1319 - shots items, and other shot counts evaluate other items.
+Where the worked examples come from: lm-eval draws them from GSM8K's train split, at random
+for each question (its sampler: ``random.Random(1234).sample`` in evaluation order).
+``--shots-data`` does the same from the file or ``hf:`` dataset given (the train split,
+``hf:openai/gsm8k:main@train``). Without it: for the generated problems (the default), they
+are generated problems of another stream of the same seed, any that repeats an evaluated
+question skipped; for a GSM8K file or ``hf:`` dataset, its first ``--shots`` problems, left out
+of the evaluated items: a GSM8K test file gives 1319 - shots items, and other shot counts
+evaluate other items.
 
 Answers: a GSM8K ``answer`` holds the worked solution and ends in "#### N"; the target is N
 (commas and "$" removed). Responses are scored twice, as lm-eval does: strict takes the first
@@ -25,6 +28,7 @@ breaks the "#### N" habit shows as the gap to the strict score, reported beside 
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -53,6 +57,7 @@ IGNORED = [re.compile(p) for p in (",", r"\$", r"(?s).*#### ", r"\.$")]  # lm-ev
 NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 INVALID = "[invalid]"  # what an extraction without a match gives: equals no target
 SHOT_STREAM = 1  # generated shots are drawn with seed (data_seed, SHOT_STREAM)
+FEWSHOT_SEED = 1234  # lm-eval's fewshot_random_seed, for --shots-data
 CHAT_INSTRUCTION = 'Solve the problem step by step. Then write the final answer, a number, on the last line after "#### ".'
 CHARS_PER_TOKEN = 4  # for the --dry-run estimate, made before a tokenizer is at hand
 
@@ -118,6 +123,11 @@ class GSM8KOptions(Options):
     data: str | None = option(None, "GSM8K jsonl (question, answer) or hf:openai/gsm8k:main@test. Default: generated problems.")
     limit: int | None = option(None, "Problems to evaluate (default: all).", minimum=1)
     shots: int | None = option(None, "Worked examples before each question (default: 5, or 0 with --chat).", minimum=0)
+    shots_data: str | None = option(
+        None,
+        "Draw each question's worked examples at random from this GSM8K jsonl or hf: dataset, as lm-eval does from "
+        "hf:openai/gsm8k:main@train. Default: the first --shots problems of --data.",
+    )
     chat: bool = option(False, "Ask through the model's chat template, with an instruction to end with '#### N'.")
     max_tokens: int = option(256, "Tokens generated per problem.", minimum=1)
     problems: int = option(200, "Generated problems (without --data).", minimum=1)
@@ -143,35 +153,46 @@ class GSM8K(GenerationBenchmark):
 
     def load(self) -> None:
         o, k = self.options, self.n_shots
+        shots: list[Item] = []
         if o.data is None:
             items = [generated(p) for p in generate(o.problems, o.data_seed)]
             asked = {i.question for i in items}
             fresh = (p for p in problems((o.data_seed, SHOT_STREAM)) if p.question not in asked)
-            shots = [generated(p) for p in islice(fresh, k)]
+            shots = [generated(p) for p in islice(fresh, k)] if o.shots_data is None else []
         else:
-            loaded = load_items(o.data)
-            if len(loaded) <= k:
-                after = f" after the {k} worked examples" if k else ""
-                raise DataError(f"{o.data} holds {len(loaded)} problems: none left to evaluate{after}")
-            shots, items = loaded[:k], loaded[k:]
-        self.shots, self.items = shots, items[: o.limit]
-        self.shot_text = "".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in self.shots)
-        self.prompt_texts = [self.prompt_text(item.question) for item in self.items]
+            items = load_items(o.data)
+            if o.shots_data is None:
+                if len(items) <= k:
+                    after = f" after the {k} worked examples" if k else ""
+                    raise DataError(f"{o.data} holds {len(items)} problems: none left to evaluate{after}")
+                shots, items = items[:k], items[k:]
+        self.items, self.shots = items[: o.limit], shots  # shots shared by every question, if so
+        if o.shots_data is None:
+            per_item = [shots] * len(self.items)
+        else:
+            pool = load_items(o.shots_data)
+            if len(pool) < k:
+                raise DataError(f"{o.shots_data} holds {len(pool)} problems, fewer than the {k} worked examples asked")
+            rnd = random.Random(FEWSHOT_SEED)
+            per_item = [rnd.sample(pool, k) for _ in self.items]
+        self.shot_texts = ["".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in chosen) for chosen in per_item]
+        self.prompt_texts = [self.prompt_text(shot, item.question) for shot, item in zip(self.shot_texts, self.items)]
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def prompt_text(self, question: str) -> str:
+    def prompt_text(self, shot_text: str, question: str) -> str:
         """The prompt before tokenizing: the shots and the question, or the chat turn's text."""
         if self.options.chat:
-            return f"{self.shot_text}Question: {question}\n\n{CHAT_INSTRUCTION}"
-        return f"{self.shot_text}Question: {question}\nAnswer:"
+            return f"{shot_text}Question: {question}\n\n{CHAT_INSTRUCTION}"
+        return f"{shot_text}Question: {question}\nAnswer:"
 
     @property
     def settings(self) -> dict[str, object]:
         o = self.options
         data = {"data": o.data} if o.data is not None else {"data": "generated", "problems": o.problems, "data_seed": o.data_seed}
-        return {**data, "items": len(self), "shots": self.n_shots, "chat": o.chat, "max_tokens": o.max_tokens}
+        shots = {"shots_data": o.shots_data} if o.shots_data is not None else {}
+        return {**data, "items": len(self), "shots": self.n_shots, **shots, "chat": o.chat, "max_tokens": o.max_tokens}
 
     def estimate_seconds(self, runs: int, speed: Speed) -> float:
         prompt_tokens = np.mean([len(t) for t in self.prompt_texts]) / CHARS_PER_TOKEN if self.prompt_texts else 0.0
@@ -186,8 +207,8 @@ class GSM8K(GenerationBenchmark):
     def item_spans(self, model: Model) -> list[Spans]:
         """The worked examples (context) and the rest of the prompt text (question), chat template left out."""
         out = []
-        for text, task, tokens in zip(self._texts, self.prompt_texts, self._tokens):
-            start, shots = text.index(task), len(self.shot_text)
+        for text, task, tokens, shot_text in zip(self._texts, self.prompt_texts, self._tokens, self.shot_texts):
+            start, shots = text.index(task), len(shot_text)
             out.append(token_spans(model, text, tokens, {"context": [(start, start + shots)], "question": [(start + shots, start + len(task))]}))
         return out
 

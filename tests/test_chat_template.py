@@ -29,3 +29,14 @@ def test_templates_that_print_today_s_date_print_a_fixed_one():
     template = "{{ strftime_now('%d %b %Y') }}: {{ messages[0]['content'] }}"
     formatter = _ChatTemplate(template, eos_token="", bos_token="")
     assert formatter(messages=[{"role": "user", "content": "hi"}]).prompt == "26 Jul 2024: hi"
+
+
+def test_a_bos_the_template_writes_is_left_to_the_tokenizer(tiny, monkeypatch):
+    """Llama 3's template writes <|begin_of_text|> and its vocabulary adds one on tokenizing:
+    one BOS, not two. A vocabulary that adds none keeps the template's."""
+    bos = tiny.piece(ll.llama_vocab_bos(tiny.vocab), special=True).decode()
+    monkeypatch.setattr(tiny, "_chat", _ChatTemplate("{{ bos_token }}{{ messages[0]['content'] }}", eos_token="", bos_token=bos))
+    monkeypatch.setattr(ll, "llama_vocab_get_add_bos", lambda vocab: True)
+    assert tiny.chat_prompt("hello") == "hello"
+    monkeypatch.setattr(ll, "llama_vocab_get_add_bos", lambda vocab: False)
+    assert tiny.chat_prompt("hello") == bos + "hello"

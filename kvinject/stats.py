@@ -182,8 +182,9 @@ def paired_bootstrap(
     items as pairs (the same items on both sides; each item's runs averaged first, pairs with a
     missing side dropped). ``transform`` (vectorized, e.g. ``np.exp`` of a mean NLL) is applied
     to each side's mean over items, weighted by ``weights`` (one per item) if given. Both
-    intervals from the same resamples; (nan, nan) below 2 pairs, and for the ratio when a
-    resample's control is 0."""
+    intervals from the same resamples; (nan, nan) below 2 pairs. A resample whose control is 0
+    has a ratio of +inf (its tail) where the configuration's is not, none where both are 0: those
+    are left out while they are under 1% of the resamples, else the ratio's interval is (nan, nan)."""
     _check_confidence(confidence)
     c, t = item_means(_as_matrix(control_scores, "control_scores")), item_means(_as_matrix(treated_scores, "treated_scores"))
     if c.shape != t.shape:
@@ -211,9 +212,13 @@ def paired_bootstrap(
             method="percentile",
             rng=np.random.default_rng(seed),
         )
-    (d_lo, p_lo), (d_hi, p_hi) = res.confidence_interval.low, res.confidence_interval.high
-    percent = (float(p_lo), float(p_hi))
-    return (float(d_lo), float(d_hi)), percent if all(map(math.isfinite, percent)) else nan
+    ratios = res.bootstrap_distribution[1]
+    defined = ratios[~np.isnan(ratios)]
+    tail = 50 * (1 - confidence)
+    with np.errstate(invalid="ignore"):  # interpolating between two +inf: not finite, so no interval
+        percent = tuple(float(x) for x in np.percentile(defined, [tail, 100 - tail])) if defined.size >= 0.99 * ratios.size else nan
+    diff = (float(res.confidence_interval.low[0]), float(res.confidence_interval.high[0]))
+    return diff, percent if all(map(math.isfinite, percent)) else nan
 
 
 def _paired(control: Any, treated: Any) -> tuple[np.ndarray, np.ndarray]:

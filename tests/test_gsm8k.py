@@ -144,6 +144,12 @@ def test_shots_data_draws_each_question_s_examples_as_lm_eval_s_sampler(tmp_path
         chosen = rnd.sample(pool, 3)
         assert text == "".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in chosen) + f"Question: {item.question}\nAnswer:"
     assert len(set(bench.shot_texts)) > 1, "each question its own examples"
+    # Drawn from the evaluated set itself: one more, the question asked left out, as lm-eval does.
+    same = GSM8K(data=str(test), shots_data=str(test), shots=3)
+    rnd = random.Random(1234)
+    for text, item in zip(same.prompt_texts, same.items):
+        chosen = [s for s in rnd.sample(same.items, 4) if s.question != item.question][:3]
+        assert text.startswith("".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in chosen)) and text.count(item.question) == 1
     with pytest.raises(DataError, match="holds 40 problems, fewer than the 50 worked examples asked"):
         GSM8K(data=str(test), shots_data=str(train), shots=50)
 

@@ -173,8 +173,10 @@ class GSM8K(GenerationBenchmark):
             pool = load_items(o.shots_data)
             if len(pool) < k:
                 raise DataError(f"{o.shots_data} holds {len(pool)} problems, fewer than the {k} worked examples asked")
-            rnd = random.Random(FEWSHOT_SEED)
-            per_item = [rnd.sample(pool, k) for _ in self.items]
+            # From the evaluated set itself, lm-eval draws one more and drops the question asked.
+            rnd, same = random.Random(FEWSHOT_SEED), o.shots_data == o.data
+            draws = [rnd.sample(pool, k + same) for _ in self.items]
+            per_item = [[s for s in drawn if s.question != item.question][:k] for drawn, item in zip(draws, self.items)]
         self.shot_texts = ["".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in chosen) for chosen in per_item]
         self.prompt_texts = [self.prompt_text(shot, item.question) for shot, item in zip(self.shot_texts, self.items)]
 

@@ -79,6 +79,13 @@ PositionsOpt = Annotated[
         "or spans the bench declares (needle, haystack, context, question); a comma-separated union. Default: all.",
     ),
 ]
+HeadsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--heads",
+        help="KV heads that get the error, e.g. 0 or 0-1, of `kvinject info`'s n_head_kv (query head q reads KV head q // (n_head / n_head_kv)). Default: all.",
+    ),
+]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the noise (with the run index), >= 0.")]
 FormatOpt = Annotated[str, typer.Option("--format", help="Output: table or json.")]
 WideOpt = Annotated[bool, typer.Option("--wide", help="Tables with every column (secondary metrics); by default they fit 100 columns.")]
@@ -168,7 +175,10 @@ def errors() -> None:
     for cls in REGISTRY.values():
         table.add_row(cls.syntax, cls.summary, cls.example)
     console.print(table)
-    console.print("Apply to K or V only with --target k|v, to some layers with --layers 0-3,10, and to some tokens with --positions first:4.")
+    console.print(
+        "Apply to K or V only with --target k|v, to some layers with --layers 0-3,10, to some tokens with --positions first:4, "
+        "and to some KV heads with --heads 0."
+    )
 
 
 @app.command()
@@ -303,6 +313,7 @@ def run_command(
     target: TargetOpt = "kv",
     layers: LayersOpt = None,
     positions: PositionsOpt = None,
+    heads: HeadsOpt = None,
     runs: Annotated[int, typer.Option("--runs", "-r", help="Runs per configuration (a configuration without randomness runs once).")] = 5,
     seed: SeedOpt = 0,
     data: Annotated[
@@ -329,7 +340,7 @@ def run_command(
     if runs < 1:
         raise KvinjectError(f"--runs must be >= 1, got {runs}")
     cache = setup.cache
-    tgt = Target.parse(target, layers, positions)
+    tgt = Target.parse(target, layers, positions, heads)
     configs = configurations(control, error or [], tgt, cache)
     check_writable(output, csv)
     benches = make_benches(bench, bench_values or {}, data or [])
@@ -481,14 +492,16 @@ def profile(
     seed: SeedOpt = 0,
     data: Annotated[Optional[str], typer.Option("--data", help="The bench's data: PATH or hf:NAME[:CONFIG][@SPLIT].")] = None,
     store: Annotated[Optional[Path], typer.Option("--store", help="Results store (default: profile-MODEL-BENCH-ERROR.results.sqlite here).")] = None,
+    by_head: Annotated[bool, typer.Option("--by-head", help="Each KV head of each layer's K and V alone (layers x heads x 2 runs).")] = False,
     heatmap: Annotated[Optional[Path], typer.Option("--heatmap", help="Draw the layer x {K, V} map to this PNG (needs matplotlib).")] = None,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Write the map as CSV (a row per layer).")] = None,
     *,
     setup: _Setup,
     bench_values: dict | None = None,
 ) -> None:
-    """Map where a model is sensitive: ERROR in one layer's K or V at a time, every layer, on one
-    metric (a resumable sweep: Ctrl-C any time, the same command goes on).
+    """Map where a model is sensitive: ERROR in one layer's K or V at a time, every layer (with
+    --by-head, one KV head of it at a time), on one metric (a resumable sweep: Ctrl-C any time,
+    the same command goes on).
 
     Example: kvinject profile --error normal:0,0.5 --ctx 512 --chunks 8 --heatmap layers.png
     """
@@ -511,25 +524,26 @@ def profile(
     metric = profile_metric(bench, metric)
     check_writable(heatmap, csv)
     given = {k for k, v in (bench_values or {}).items() if v not in (None, [], ())} | ({"data"} if data else set())
-    grid = profile_grid(setup.model, b, given, err, cache, setup.backend, runs, seed, store)
+    grid = profile_grid(setup.model, b, given, err, cache, setup.backend, runs, seed, store, by_head)
     with Store(grid.path) as s:
         try:
             _run_sweep(Sweep(grid, s))
         except KeyboardInterrupt:
             Console(stderr=True).print(f"[yellow]interrupted: every finished run is in {grid.path}; the same command resumes")
             raise typer.Exit(130)
-    table = sensitivity(load_records([grid.path]), err, metric)
+    table = sensitivity(load_records([grid.path]), err, metric, by_head)
     name = Path(grid.cells[0].model).name
-    t = Table(title=f"{bench}: {metric} with {err.spec} in one layer's K or V ({name})", title_justify="left")
-    for col in ("layer", "K", "V"):
+    where = "one KV head of one layer's K or V" if by_head else "one layer's K or V"
+    t = Table(title=f"{bench}: {metric} with {err.spec} in {where} ({name})", title_justify="left")
+    for col in ("layer", *(c.upper() for c in table.columns)):
         t.add_column(col, justify="right")
     for layer, row in table.iterrows():
-        t.add_row(str(layer), *(_fmt(row[c], ".4g") for c in ("k", "v")))
+        t.add_row(str(layer), *(_fmt(row[c], ".4g") for c in table.columns))
     console.print(t)
     if csv:
         table.to_csv(csv)
     if heatmap:
-        sensitivity_map(table, metric, f"{name} {bench}: {metric} with {err.spec} in one layer", heatmap)
+        sensitivity_map(table, metric, f"{name} {bench}: {metric} with {err.spec} in {where}", heatmap)
         Console(stderr=True).print(f"heatmap written to {heatmap}")
     console.print(f"[dim]results in {grid.path}")
 
@@ -548,6 +562,7 @@ def divergence_command(
     target: TargetOpt = "kv",
     layers: LayersOpt = None,
     positions: PositionsOpt = None,
+    heads: HeadsOpt = None,
     seed: SeedOpt = 0,
     data: Annotated[Optional[str], typer.Option("--data", help="The bench's data: PATH or hf:NAME[:CONFIG][@SPLIT].")] = None,
     heatmap: Annotated[
@@ -578,7 +593,7 @@ def divergence_command(
         raise KvinjectError("--prompt gives the prompts as text: it takes --max-tokens, not a bench, its data or its options")
     cache = setup.cache
     ref = Configuration.parse(reference, cache=cache)
-    configs = list(dict.fromkeys(Configuration.parse(e, Target.parse(target, layers, positions), cache) for e in error))
+    configs = list(dict.fromkeys(Configuration.parse(e, Target.parse(target, layers, positions, heads), cache) for e in error))
     benches = None if prompt else make_benches([bench or "gsm8k"], values, [data] if data else [])
     if benches:
         check_bench(benches[0])

@@ -28,16 +28,17 @@ class Configuration:
             cache = replace(cache, type_k=type_k.strip(), type_v=(type_v or type_k).strip())
         model = parse_error(error)
         target = (target or Target()) if model.injects else Target()  # no error, no target
-        check_positions(model, target)
+        check_selection(model, target)
         return cls(model, target, cache)
 
     @property
     def label(self) -> str:
-        """``ERROR [target:layers pos:POSITIONS] @K/V``; the target, positions and cache types only
-        when not the defaults (every layer and position of K and V, f16 cache)."""
+        """``ERROR [target:layers pos:POSITIONS heads:HEADS] @K/V``; the target, positions, heads and
+        cache types only when not the defaults (every layer, position and head of K and V, f16 cache)."""
         t = self.target
         positions = "" if t.positions is None else f" pos:{t.positions.spec}"
-        where = "" if not self.error.injects or t == Target() else f" [{t.components}:{t.layers_spec}{positions}]"
+        heads = "" if t.heads is None else f" heads:{t.heads_spec}"
+        where = "" if not self.error.injects or t == Target() else f" [{t.components}:{t.layers_spec}{positions}{heads}]"
         k, v = self.cache.type_k, self.cache.type_v
         types = "" if k == v == "f16" else f" @{k}" if k == v else f" @{k}/{v}"
         return f"{self.error.spec}{where}{types}"
@@ -49,6 +50,7 @@ class Configuration:
             "layers": self.target.layers_spec,
             # Only when given: the records and store keys of configurations without stay as they were.
             **({"positions": self.target.positions.spec} if self.target.positions is not None else {}),
+            **({"heads": self.target.heads_spec} if self.target.heads is not None else {}),
             "cache": self.cache.to_dict(),
             # The factors of a multiplicative model depend on the generator: a store does not mix
             # results of two generators under one key.
@@ -64,7 +66,15 @@ def configurations(control: str, errors: list[str], target: Target | None = None
     return [first] + [c for c in dict.fromkeys(rest) if c != first]
 
 
-def check_positions(error: ErrorModel, target: Target) -> None:
-    """Positions select K/V rows as they enter the cache; a cache-resident model changes cells after."""
-    if target.positions is not None and isinstance(error, CacheResident):
-        raise SpecError(f"--positions does not apply to '{error.name}', which changes cells already in the cache rather than K/V as they enter it")
+def check_selection(error: ErrorModel, target: Target) -> None:
+    """Positions and heads select values of K/V as they enter the cache; a cache-resident model
+    changes cells after, and a model that places a fixed number of faults would lose those
+    placed outside."""
+    for option, given in (("--positions", target.positions is not None), ("--heads", target.heads is not None)):
+        if given and isinstance(error, CacheResident):
+            raise SpecError(f"{option} does not apply to '{error.name}', which changes cells already in the cache rather than K/V as they enter it")
+        if given and error.placed:
+            raise SpecError(
+                f"{option} does not apply to '{error.name}', which places its faults among every value of the targeted layers "
+                "(those outside would be lost): use bitflip:P with a bit or field"
+            )

@@ -12,7 +12,7 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from .bits import bits_per_element
-from .config import check_positions
+from .config import check_selection
 from .error_models import CacheResident, Draws, ErrorModel, NoError
 from .exceptions import InjectionError, ModelError, SpecError
 from .ggml import CACHE_TYPES
@@ -82,7 +82,7 @@ class Context:
         self.n_batch = min(n_batch, n_ctx)
         if n_seq > self.n_batch:
             raise ValueError(f"{n_seq} sequences need a batch of at least {n_seq} tokens, not {self.n_batch}")
-        check_positions(self.error, self.target)
+        check_selection(self.error, self.target)
         if isinstance(self.error, CacheResident):
             self.error.check(model, self.target, self.cache)
         self.hook = (
@@ -92,6 +92,7 @@ class Context:
                 model.n_layer,
                 model.n_head_kv * model.head_dim_k,
                 model.n_head_kv * model.head_dim_v,
+                model.n_head_kv,
             )
             if self.error.injects
             else None
@@ -197,7 +198,7 @@ class Context:
     def bits_per_element(self) -> float:
         m = self.model
         lengths, kept = (self.resident.lengths, self.resident.kept) if self.resident is not None else ((*self._finished, *self._lengths.values()), ())
-        return bits_per_element(self.error, self.target, self.cache, m.n_layer, m.n_head_kv * m.head_dim_k, m.n_head_kv * m.head_dim_v, lengths, kept)
+        return bits_per_element(self.error, self.target, self.cache, m.n_layer, m.n_head_kv, m.head_dim_k, m.head_dim_v, lengths, kept)
 
     @property
     def kv_cache_bytes(self) -> dict[str, float] | None:

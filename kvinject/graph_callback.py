@@ -10,8 +10,8 @@ Python by :mod:`kvinject.hook`.
 The state is one int64 array of fixed slots, the header, which holds the addresses of the
 other tables: per-site rows (a site is the K or V of a layer: ``site = 2 * layer + is_v``),
 the claim groups, the noise segments of the decode (runs of rows whose factors come from one
-item's stream of kvinject/variates.py), the rows that get the error (``--positions``) and the
-realized-error sums.
+item's stream of kvinject/variates.py), the rows and the components of a row that get the error
+(``--positions``, ``--heads``) and the realized-error sums.
 Multiplicative error models on host memory are applied here, their factors computed in the
 same pass, with their realized-error sums, and so is rounding to a minifloat;
 anything else (other models, device memory) is handed back to a Python function. For
@@ -48,7 +48,8 @@ PRE_ROPE = 44  # K claimed before RoPE: a rope node starts a run, and K's names 
 CLAIMS = 45  # claimed nodes computed so far: each one a graph split
 RESID, RESID_CAP, RESID_EMBD, RESID_LAYERS, RESID_TABLE = range(46, 51)  # each layer's output (kvinject/residual.py)
 QUEUE, N_QUEUED = range(51, 53)  # changes of one claim left to Python: (tensor, site, at) triples, how many
-HEADER = 53
+COLUMNS_K, COLUMNS_V = range(53, 55)  # --heads: which components of a K or V row get the error (0: all)
+HEADER = 55
 LAW_SLOTS = 4
 
 # Modes.
@@ -259,18 +260,20 @@ def _perturb(head, t, site):
     seg_rows = carray(_i64(head[SEG_ROWS]), head[N_SEG])
     law = carray(_f64(head[LAW]), LAW_SLOTS)
     mask = carray(_u8(head[MASK]), head[ROWS] if head[MASK] != 0 else 0)
+    columns = carray(_u8(head[COLUMNS_K + component]), row if head[COLUMNS_K + component] != 0 else 0)
     outside = carray(_f64(head[OUTSIDE_SUMS]), (2, N_SUMS))[component]
-    _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, sums, outside)
+    _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, columns, sums, outside)
 
 
 @njit(cache=True)
-def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, sums, outside):
+def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, columns, sums, outside):
     """x *= factor, row by row, or x rounded (``law``: a factor law, or ROUND and the format
     of kvinject/rounding.py); each segment's rows take their factors from their stream's
     values from ``seg_start + at * rows`` on, ``row`` per row (the layout of a block of
     ``rows * width`` values, sites one after another); and the realized-error sums of what
-    changed. Rows that ``mask`` (when given) leaves out keep their values; they count in the
-    sums as unchanged, and in ``outside`` too."""
+    changed. Rows that ``mask`` (when given) leaves out keep their values, and so do the
+    components of a row that ``columns`` (when given) leaves out; they count in the sums as
+    unchanged, and in ``outside`` too."""
     kind, a, b = np.int64(law[0]), np.float32(law[1]), np.float32(law[2])
     largest, nmant, minexp = law[1], np.int64(law[2]), np.int64(law[3])
     changed = nonfinite = rel_n = flips = 0
@@ -283,10 +286,11 @@ def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, sums, outside):
         for j in range(rows):
             start = seg_start[k] + at * rows + j * row
             xs = x[(first + j) * row : (first + j + 1) * row]
-            if len(mask) > 0 and mask[first + j] == 0:
-                out_values += row
-                for c in range(row):  # what the loop below adds for a factor of 1
-                    before = xs[c]
+            row_out = len(mask) > 0 and mask[first + j] == 0
+            for c in range(row):
+                before = xs[c]
+                if row_out or (len(columns) > 0 and columns[c] == 0):  # what follows adds for a factor of 1
+                    out_values += 1
                     if not np.isfinite(before):
                         nonfinite += 1
                         out_nonfinite += 1
@@ -296,9 +300,7 @@ def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, sums, outside):
                     if before != 0:
                         rel_n += 1
                         out_rel_n += 1
-                continue
-            for c in range(row):
-                before = xs[c]
+                    continue
                 if kind == ROUND:
                     after = round_to(before, largest, nmant, minexp)
                 else:
@@ -330,7 +332,7 @@ def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, sums, outside):
     sums[7] += flips
     sums[8] += signal
     sums[9] += noise
-    if len(mask) > 0:
+    if len(mask) > 0 or len(columns) > 0:
         outside[0] += out_values
         outside[1] += 1
         outside[3] += out_nonfinite

@@ -41,6 +41,7 @@ SWEEP_KEYS = {
     "targets",
     "layers",
     "positions",
+    "heads",
     "caches",
     "flash_attn",
     "kv_rotation",
@@ -227,13 +228,14 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
         except SpecError as e:
             raise GridError(f"{path}: sweep.caches[{i}]: {e}") from None
     targets = []
-    for c, layers, positions in itertools.product(
+    for c, layers, positions, heads in itertools.product(
         _values("sweep.targets", sweep.get("targets", "kv")),
         _values("sweep.layers", sweep.get("layers", "all")),
         _values("sweep.positions", sweep.get("positions", "all")),
+        _values("sweep.heads", sweep.get("heads", "all")),
     ):
         try:
-            targets.append(Target.parse(str(c), str(layers), str(positions)))
+            targets.append(Target.parse(str(c), str(layers), str(positions), str(heads)))
         except SpecError as e:
             raise GridError(f"{path}: [sweep] {e}") from None
     errors = raw.get("errors", [])
@@ -271,11 +273,12 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
         for spec, target, cache in itertools.product(specs, targets, caches):
             add(model, bench, options, Configuration.parse(spec, target, cache), seed)
         for i, extra in enumerate(extras):
-            bad = set(extra) - {"error", "target", "layers", "positions"}
+            bad = set(extra) - {"error", "target", "layers", "positions", "heads"}
             if bad or "error" not in extra:
-                raise GridError(f"{path}: cells[{i}] takes error (required), target, layers and positions")
+                raise GridError(f"{path}: cells[{i}] takes error (required), target, layers, positions and heads")
             try:
-                target = Target.parse(str(extra.get("target", "kv")), str(extra.get("layers", "all")), str(extra.get("positions", "all")))
+                defaults = (("target", "kv"), ("layers", "all"), ("positions", "all"), ("heads", "all"))
+                target = Target.parse(*(str(extra.get(key, default)) for key, default in defaults))
             except SpecError as e:
                 raise GridError(f"{path}: cells[{i}]: {e}") from None
             add(model, bench, options, Configuration.parse(str(extra["error"]), target, caches[0]), seed)

@@ -121,7 +121,8 @@ class KVHook:
     """Applies ``error`` to the K/V rows selected by ``target``; counts and measures what it did.
 
     ``row_k`` and ``row_v`` are the number of components of one token's K and V
-    (heads x head dim), the unit that error models such as ``quant`` group within.
+    (heads x head dim), the unit that error models such as ``quant`` group within; ``n_head_kv``
+    splits them into the heads ``--heads`` selects.
     Each llama_decode must compute exactly one graph (n_tokens <= n_ubatch), be announced
     by :meth:`layout` and be followed by :meth:`finish_decode`. The context passes
     ``callback`` and ``user_data`` to llama.cpp; the callback is compiled
@@ -129,8 +130,8 @@ class KVHook:
     do itself (error models other than multiplicative ones, device memory).
     """
 
-    def __init__(self, error: ErrorModel, target: Target, n_layer: int, row_k: int, row_v: int):
-        target.check(n_layer)
+    def __init__(self, error: ErrorModel, target: Target, n_layer: int, row_k: int, row_v: int, n_head_kv: int):
+        target.check(n_layer, n_head_kv)
         self.error = error
         self.row = {"k": row_k, "v": row_v}
         self._expected = {(c, il) for il in range(n_layer) for c in "kv" if target.wants(c, il)}
@@ -155,8 +156,11 @@ class KVHook:
         self._groups = np.zeros(2 * n_layer, np.int64)
         self._sums = np.zeros((2, gc.N_SUMS), np.float64)  # the compiled side's, this decode
         self._total_sums = np.zeros((2, gc.N_SUMS), np.float64)  # and over the finished decodes
-        # --positions: the rows of the decode that get the error, and the sums of the others.
-        self._positions = target.positions is not None
+        # --positions: the rows of the decode that get the error; --heads: the components of a
+        # row that do; and the sums of the others.
+        self._columns = {c: target.columns(self.row[c], n_head_kv) for c in "kv"}
+        self._column_bytes = {c: cols.astype(np.uint8) for c, cols in self._columns.items() if cols is not None}
+        self._selective = target.positions is not None or target.heads is not None
         self._mask: np.ndarray | None = None
         self._mask_bytes = np.zeros(0, np.uint8)
         self._outside_sums = np.zeros((2, gc.N_SUMS), np.float64)
@@ -176,6 +180,8 @@ class KVHook:
         head[gc.GROUPS] = self._groups.ctypes.data
         head[gc.SUMS] = self._sums.ctypes.data
         head[gc.OUTSIDE_SUMS] = self._outside_sums.ctypes.data
+        for c, slot in (("k", gc.COLUMNS_K), ("v", gc.COLUMNS_V)):
+            head[slot] = self._column_bytes[c].ctypes.data if c in self._column_bytes else 0
         head[gc.LAW] = self._law.ctypes.data
         head[gc.ROW_K], head[gc.ROW_V] = row_k, row_v
         head[gc.PREFIX_K], head[gc.PREFIX_V] = (gc.prefix(self._node_name(c, 0)) for c in "kv")
@@ -306,9 +312,9 @@ class KVHook:
         x = self._host_rows.get((ptr, t.data, t.ne[2], t.ne[3]))
         if x is None:
             x = self._rows(ptr, t, component)
-        # The model changes every row (each row's noise is read as without --positions); the
-        # rows --positions leaves out get their values back.
-        keep = None if self._mask is None else ~self._mask
+        # The model changes every value (each value's noise is read as without --positions or
+        # --heads); the rows and heads they leave out get their values back.
+        keep = self._kept(component)
         if isinstance(x, np.ndarray):  # host memory: change it in place
             before, after = self._staged[component].slots(x.size)
             np.copyto(before, x.reshape(-1))
@@ -336,6 +342,15 @@ class KVHook:
         self._host_rows[ptr, t.data, t.ne[2], t.ne[3]] = x
         return x
 
+    def _kept(self, component: str) -> np.ndarray | None:
+        """The (rows, row) values of this decode's ``component`` that keep their values: the
+        rows --positions leaves out and the heads --heads does (None: none)."""
+        cols = self._columns[component]
+        if self._mask is None and cols is None:
+            return None
+        rows = self._mask if self._mask is not None else np.ones(int(self._head[gc.ROWS]), bool)
+        return ~np.outer(rows, cols if cols is not None else np.ones(self.row[component], bool))
+
     @property
     def claims(self) -> int:
         """Graph nodes claimed so far, each a split of llama.cpp's graph computation."""
@@ -351,7 +366,7 @@ class KVHook:
         """What the hook did to K and V so far."""
         realized = Realized(*(RealizedStats.from_sums(sums) for sums in self._total_sums))
         realized.merge(self._python_realized)
-        if self._positions:
+        if self._selective:
             realized.outside = Realized(*(RealizedStats.from_sums(sums) for sums in self._total_outside))
             realized.outside.merge(self._python_outside)
         return realized
@@ -382,9 +397,9 @@ class KVHook:
                 if staged.sites:
                     before, after = staged.before[: staged.n], staged.after[: staged.n]
                     getattr(self._python_realized, c).add(before, after, staged.sites, self._work)
-                    if self._mask is not None:  # the rows left out, site by site
-                        shape = (staged.sites, len(self._mask), -1)
-                        keep = ~self._mask
+                    keep = self._kept(c)
+                    if keep is not None:  # the values left out, site by site
+                        shape = (staged.sites, *keep.shape)
                         getattr(self._python_outside, c).add(before.reshape(shape)[:, keep], after.reshape(shape)[:, keep], staged.sites, self._work)
             return None
         finally:

@@ -165,5 +165,5 @@ class Realized:
         out: dict[str, dict] = {"k": self.k.summary(), "v": self.v.summary()}
         if self.outside is not None:
             o = self.outside
-            out["positions"] = {"selected": Realized(self.k.without(o.k), self.v.without(o.v)).summary(), "other": o.summary()}
+            out["selection"] = {"selected": Realized(self.k.without(o.k), self.v.without(o.v)).summary(), "other": o.summary()}
         return out

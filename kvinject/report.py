@@ -43,6 +43,7 @@ def _flat(record: dict[str, Any]) -> dict[str, Any]:
         "target": s["target"],
         "layers": s["layers"],
         "positions": s.get("positions", "all"),
+        "heads": s.get("heads", "all"),
         "cache_k": s["cache"]["type_k"],
         "cache_v": s["cache"]["type_v"],
         "seed": s["seed"],
@@ -63,7 +64,7 @@ def matches(record: dict[str, Any], filters: list[str]) -> bool:
 
 def _result(record: dict[str, Any]) -> RunResult:
     s = record["settings"]
-    config = Configuration(parse_error(s["error"]), Target.parse(s["target"], s["layers"], s.get("positions")), CacheOptions(**s["cache"]))
+    config = Configuration(parse_error(s["error"]), Target.parse(s["target"], s["layers"], s.get("positions"), s.get("heads")), CacheOptions(**s["cache"]))
     realized = Realized(*(RealizedStats() for _ in "kv"))
     metrics = record["metrics"]
     return RunResult(

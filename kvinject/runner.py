@@ -53,7 +53,7 @@ def run(
 ) -> Iterator[RunResult]:
     """Evaluate every bench under ``configs`` (the control first); yields results as they finish."""
     for config in configs:  # before the control has run, not after
-        config.target.check(model.n_layer)
+        config.target.check(model.n_layer, model.n_head_kv)
         for bench in benches:
             bench.check(config)
     for bench in benches:

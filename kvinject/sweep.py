@@ -62,7 +62,7 @@ class Sweep:
         self.poll = poll  # seconds between looks at the store while everything left is claimed
         self._controls = {c.group: c for c in self.cells if c.control}
         self._sha: dict[str, str] = {}
-        self._layers: dict[str, int] = {}
+        self._shapes: dict[str, tuple[int, int]] = {}
         self._benches: dict[tuple, Benchmark] = {}
 
     def model_sha(self, spec: str) -> str:
@@ -79,11 +79,12 @@ class Sweep:
                 raise GridError(f"{self.grid.path}: [bench.{cell.bench}] {e}") from None
         return self._benches[key]
 
-    def n_layer(self, spec: str) -> int:
-        if spec not in self._layers:
+    def shape(self, spec: str) -> tuple[int, int]:
+        """The model's layers and KV heads, which targets are checked against."""
+        if spec not in self._shapes:
             with Model(spec, BackendOptions(n_gpu_layers=0)) as model:  # mmapped: the shape, not the weights
-                self._layers[spec] = model.n_layer
-        return self._layers[spec]
+                self._shapes[spec] = model.n_layer, model.n_head_kv
+        return self._shapes[spec]
 
     def group_key(self, group: tuple) -> str:
         """What a claim names: the key of the group's control, which holds the model (by
@@ -92,13 +93,13 @@ class Sweep:
         return control.key(self.model_sha(control.model))
 
     def plan(self) -> list[Planned]:
-        """What is left of every cell; a cell the model cannot run (--layers beyond its layers)
+        """What is left of every cell; a cell the model cannot run (--layers or --heads beyond its own)
         fails here, before anything runs."""
         done = self.store.done()
         out = []
         for cell in self.cells:
             try:
-                cell.config.target.check(self.n_layer(cell.model))
+                cell.config.target.check(*self.shape(cell.model))
             except SpecError as e:
                 raise GridError(f"{self.grid.path}: {cell.model}: {e}") from None
             key = cell.key(self.model_sha(cell.model))

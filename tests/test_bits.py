@@ -9,9 +9,9 @@ from kvinject.runner import run
 from kvinject.target import Target
 
 
-def bits(spec: str, target: str = "kv", layers: str | None = None, n_layer: int = 4, row_k: int = 64, row_v: int = 64) -> float:
-    config = Configuration.parse(spec, Target.parse(target, layers))
-    return bits_per_element(config.error, config.target, config.cache, n_layer, row_k, row_v)
+def bits(spec: str, target: str = "kv", layers: str | None = None, heads: str | None = None, n_head_kv: int = 1, head_dim_v: int = 64) -> float:
+    config = Configuration.parse(spec, Target.parse(target, layers, heads=heads))
+    return bits_per_element(config.error, config.target, config.cache, 4, n_head_kv, 64 // n_head_kv, head_dim_v // n_head_kv)
 
 
 @pytest.mark.parametrize(
@@ -39,7 +39,10 @@ def test_bits_count_only_the_targeted_components_and_layers() -> None:
     assert bits("float:e4m3", target="v") == pytest.approx((16 + 8) / 2)  # seed 003's K16/V8
     assert bits("quant:4", layers="0") == pytest.approx((4.5 + 3 * 16 + 4.5 + 3 * 16) / 8)  # K and V of layer 0 of 4
     # A row's components weigh: K of 64 at 4.5 bits, V of 192 at 16.
-    assert bits("quant:4", target="k", row_v=192) == pytest.approx((64 * 4.5 + 192 * 16) / 256)
+    assert bits("quant:4", target="k", head_dim_v=192) == pytest.approx((64 * 4.5 + 192 * 16) / 256)
+    # Heads 0 and 2 of 4 in every layer: half of each vector at 4.5 bits.
+    assert bits("quant:4", heads="0,2", n_head_kv=4) == pytest.approx((4.5 + 16) / 2)
+    assert bits("quant:4", target="v", heads="1", n_head_kv=4) == pytest.approx((16 + (4.5 + 3 * 16) / 4) / 2)
 
 
 def test_every_result_records_its_bits(tiny) -> None:

@@ -387,6 +387,6 @@ def test_specs_name_only_the_method_s_options_and_parse_back():
 def test_bits_per_element_are_the_kept_share():
     """Before a run, a ratio budget's share; after it, the share the sequences kept."""
     model = parse_error("evict:h2o,0.25")
-    assert bits_per_element(model, Target(), CacheOptions(), 4, 64, 64) == 4
-    assert bits_per_element(model, Target(), CacheOptions(), 4, 64, 64, [100, 300], [25, 75]) == 4
-    assert bits_per_element(parse_error("evict:window,64"), Target(), CacheOptions(), 4, 64, 64, [128], [64]) == 8
+    assert bits_per_element(model, Target(), CacheOptions(), 4, 1, 64, 64) == 4
+    assert bits_per_element(model, Target(), CacheOptions(), 4, 1, 64, 64, [100, 300], [25, 75]) == 4
+    assert bits_per_element(parse_error("evict:window,64"), Target(), CacheOptions(), 4, 1, 64, 64, [128], [64]) == 8

@@ -18,55 +18,15 @@ from kvinject.config import Configuration
 from kvinject.error_models import parse_error
 from kvinject.exceptions import SpecError
 from kvinject.grid import GridError, build_grid
-from kvinject.options import CacheOptions
 from kvinject.positions import Positions
 from kvinject.target import Target
 
 from .cache_state import read_cells
+from .replay import F32, Recorded, prefill_and_step
 
-F32 = CacheOptions("f32", "f32", "on")
 PROMPT = "The quick brown fox jumps over the lazy dog while the cat watches from the warm window sill."
 PROMPTS = [PROMPT, "Rivers carry sediment from the mountains to the sea", "A short one"]
 PATHS = ["normal:0,0.25", "quant:4"]  # the compiled multiplication and the Python fallback
-
-
-class Recorded:
-    """A context whose decodes and forgotten sequences (and marked spans) are recorded, to replay
-    them into a clean one."""
-
-    def __init__(self, model, spec, target, n_seq=1, n_ctx=512, seed=3):
-        self.model, self.n_seq, self.n_ctx = model, n_seq, n_ctx
-        self.ctx = model.context(F32, parse_error(spec), target, seed=seed, n_seq=n_seq, n_ctx=n_ctx)
-        self.entries, self.events, self.marks = [], [], {}
-        decode, forget, mark = self.ctx.decode, self.ctx.forget, self.ctx.mark
-        self.ctx.decode = lambda entries: (self.entries.append(list(entries)), self.events.append(("decode", list(entries))), decode(entries))[2]
-        self.ctx.forget = lambda seq: (self.events.append(("forget", seq)), forget(seq))[1]
-        self.ctx.mark = lambda seq, spans: (self.marks.__setitem__(seq, spans), mark(seq, spans))[1]
-
-    def differing(self, seq=0):
-        """{component: positions whose layer-0 K or V differ from a clean replay} and all positions."""
-        with self.model.context(F32, n_seq=self.n_seq, n_ctx=self.n_ctx) as clean:
-            for event, arg in self.events:
-                getattr(clean, event)(arg)
-            pos, want = read_cells(clean, seq)
-        got_pos, got = read_cells(self.ctx, seq)
-        assert np.array_equal(pos, got_pos)
-        out = {}
-        for c in "kv":
-            rows = (got[c, 0] != want[c, 0]).any(axis=1)
-            out[c] = set(pos[rows].tolist())
-        return out, set(pos.tolist())
-
-    def close(self):
-        self.ctx.close()
-
-
-def prefill_and_step(rec, tokens, steps=4):
-    """The prompt in one decode, then fixed tokens one at a time (no greedy pick: the same tokens as the replay)."""
-    rec.ctx.prefill(tokens)
-    for i in range(steps):
-        rec.ctx.decode([(tokens[i], len(tokens) + i, 0, True)])
-    return len(tokens) + steps
 
 
 def selected(spec, n, spans=None):
@@ -137,8 +97,8 @@ def test_positions_compose_with_target_and_layers(tiny, error):
     assert diff == {"k": set(), "v": set()}
     summary = rec.ctx.realized.summary()
     assert summary["k"]["values"] == 0
-    assert summary["positions"]["selected"]["v"]["values"] == 4 * tiny.n_head_kv * tiny.head_dim_v
-    assert summary["positions"]["other"]["v"]["values"] == (n - 4) * tiny.n_head_kv * tiny.head_dim_v
+    assert summary["selection"]["selected"]["v"]["values"] == 4 * tiny.n_head_kv * tiny.head_dim_v
+    assert summary["selection"]["other"]["v"]["values"] == (n - 4) * tiny.n_head_kv * tiny.head_dim_v
     rec.close()
 
 
@@ -159,8 +119,8 @@ def test_selecting_everything_is_bit_identical_to_no_selection(tiny, error):
         for seq in (0, 1):
             assert all(np.array_equal(caches[seq][site], got_caches[seq][site], equal_nan=True) for site in caches[seq])
         assert repr({c: got_realized[c] for c in "kv"}) == repr(realized)  # repr: NaN equals NaN
-        assert repr(got_realized["positions"]["selected"]) == repr(realized)
-        assert all(got_realized["positions"]["other"][c]["values"] == 0 for c in "kv")
+        assert repr(got_realized["selection"]["selected"]) == repr(realized)
+        assert all(got_realized["selection"]["other"][c]["values"] == 0 for c in "kv")
 
 
 @pytest.mark.parametrize("error", PATHS)
@@ -170,7 +130,7 @@ def test_realized_statistics_per_span(tiny, error):
     summary = rec.ctx.realized.summary()
     row = tiny.n_layer * tiny.n_head_kv * tiny.head_dim_k
     for c in "kv":
-        inside, other, total = summary["positions"]["selected"][c], summary["positions"]["other"][c], summary[c]
+        inside, other, total = summary["selection"]["selected"][c], summary["selection"]["other"][c], summary[c]
         assert inside["values"] == 8 * row and other["values"] == (n - 8) * row and total["values"] == n * row
         assert inside["sites"] == other["sites"] == total["sites"]
         assert other["changed"] == 0 and other["rel_err_std"] == 0 and other["snr_db"] == float("inf")

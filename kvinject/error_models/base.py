@@ -165,6 +165,12 @@ class ErrorModel(ABC):
         """The first positions of every sequence the model leaves exact (attention sinks)."""
         return 0
 
+    @property
+    def placed(self) -> bool:
+        """Places a fixed number of changes among every value an item writes to the targeted
+        layers, so that a narrower selection (--positions, --heads) would lose some."""
+        return False
+
 
 def row_groups(x: np.ndarray, size: int, what: str) -> np.ndarray:
     """``x``'s rows cut into groups of ``size`` components, a view (``what``: the model's name

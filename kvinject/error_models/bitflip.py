@@ -65,6 +65,10 @@ class Faults(ErrorModel):
     def random(self) -> bool:
         return True
 
+    @property
+    def placed(self) -> bool:
+        return True
+
     def stream(self, rng: np.random.Generator, horizon: int | None) -> Draws:
         if horizon is None:  # a sequence no benchmark item began: fails if it is ever decoded
             return _Unplaced()

@@ -66,16 +66,17 @@ def main() -> None:
     cache = CacheOptions(flash_attn=args.flash_attn)
     print(f"model {model.path.name}, {model.backend.n_threads} threads, flash attention {args.flash_attn}")
     print(f"{len(prompt)}-token prompt, {args.steps} interleaved decode steps")
-    print(f"{'sequences':>9}  {'error':<16}{'ms/decode':>10}  ratio to none: median over blocks of {args.steps // args.blocks} steps")
     specs = ["none", *args.errors]
+    w = max(16, *(len(s) + 2 for s in specs))
+    print(f"{'sequences':>9}  {'error':<{w}}{'ms/decode':>10}  ratio to none: median over blocks of {args.steps // args.blocks} steps")
     for n_seq in args.sequences:
         times = decode_times(model, cache, prompt, specs, n_seq, args.steps)
         size = args.steps // args.blocks
-        print(f"{n_seq:>9}  {'none':<16}{statistics.median(times['none']) * 1e3:>10.2f}")
+        print(f"{n_seq:>9}  {'none':<{w}}{statistics.median(times['none']) * 1e3:>10.2f}")
         for spec in specs[1:]:
             pairs = [clean / t for clean, t in zip(times["none"], times[spec])]
             blocks = [statistics.median(pairs[i : i + size]) for i in range(0, size * args.blocks, size)]
-            print(f"{n_seq:>9}  {spec:<16}{statistics.median(times[spec]) * 1e3:>10.2f}  {spread(blocks)}")
+            print(f"{n_seq:>9}  {spec:<{w}}{statistics.median(times[spec]) * 1e3:>10.2f}  {spread(blocks)}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 from . import ggml
 from .realized import RealizedStats
-from .rounding import ROUND, round_to
+from .rounding import ROUND, round_scaled, round_to, shared_scale
 from .variates import factor, hash_at
 
 # Header slots.
@@ -50,7 +50,7 @@ RESID, RESID_CAP, RESID_EMBD, RESID_LAYERS, RESID_TABLE = range(46, 51)  # each 
 QUEUE, N_QUEUED = range(51, 53)  # changes of one claim left to Python: (tensor, site, at) triples, how many
 COLUMNS_K, COLUMNS_V = range(53, 55)  # --heads: which components of a K or V row get the error (0: all)
 HEADER = 55
-LAW_SLOTS = 4
+LAW_SLOTS = 5
 
 # Modes.
 RUN, LEARN = 0, 1
@@ -267,15 +267,16 @@ def _perturb(head, t, site):
 
 @njit(cache=True)
 def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, columns, sums, outside):
-    """x *= factor, row by row, or x rounded (``law``: a factor law, or ROUND and the format
-    of kvinject/rounding.py); each segment's rows take their factors from their stream's
+    """x *= factor, row by row, or x rounded (``law``: a factor law, or ROUND, the format of
+    kvinject/rounding.py and the size of an MX block, 0 for none); each segment's rows take their factors from their stream's
     values from ``seg_start + at * rows`` on, ``row`` per row (the layout of a block of
     ``rows * width`` values, sites one after another); and the realized-error sums of what
     changed. Rows that ``mask`` (when given) leaves out keep their values, and so do the
     components of a row that ``columns`` (when given) leaves out; they count in the sums as
     unchanged, and in ``outside`` too."""
     kind, a, b = np.int64(law[0]), np.float32(law[1]), np.float32(law[2])
-    largest, nmant, minexp = law[1], np.int64(law[2]), np.int64(law[3])
+    largest, nmant, minexp, block = law[1], np.int64(law[2]), np.int64(law[3]), np.int64(law[4])
+    scale = 1.0
     changed = nonfinite = rel_n = flips = 0
     rel_sum = rel_sumsq = signal = noise = 0.0
     out_values = out_nonfinite = out_rel_n = 0
@@ -289,6 +290,8 @@ def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, columns, sums, 
             row_out = len(mask) > 0 and mask[first + j] == 0
             for c in range(row):
                 before = xs[c]
+                if block > 0 and c % block == 0:  # of the whole block, whatever --heads leaves out
+                    scale = shared_scale(xs[c : c + block], largest)
                 if row_out or (len(columns) > 0 and columns[c] == 0):  # what follows adds for a factor of 1
                     out_values += 1
                     if not np.isfinite(before):
@@ -301,7 +304,9 @@ def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, columns, sums, 
                         rel_n += 1
                         out_rel_n += 1
                     continue
-                if kind == ROUND:
+                if kind == ROUND and block > 0:
+                    after = round_scaled(before, scale, largest, nmant, minexp)
+                elif kind == ROUND:
                     after = round_to(before, largest, nmant, minexp)
                 else:
                     after = before * factor(kind, a, b, hash_at(key, start + c))

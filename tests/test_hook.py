@@ -180,13 +180,13 @@ def test_the_compiled_models_are_the_multiplicative_ones_and_rounding():
     assert COMPILED == sorted([*(n for n, c in REGISTRY.items() if issubclass(c, Multiplicative)), "float"])
 
 
-@pytest.mark.parametrize("name", COMPILED)
-def test_the_compiled_and_the_python_path_write_the_same_cache_and_measure_the_same(tiny, name):
+@pytest.mark.parametrize("spec", [*(REGISTRY[name].example for name in COMPILED), "float:e2m1,block=32", "float:e4m3,block=16"])
+def test_the_compiled_and_the_python_path_write_the_same_cache_and_measure_the_same(tiny, spec):
     """Two items share each decode (two noise segments): the compiled pass and the Python
-    fallback must read the same noise for every row and site (or round alike), and their
-    realized-error sums must agree."""
+    fallback must read the same noise for every row and site (or round alike, MX blocks
+    included), and their realized-error sums must agree."""
     a, b = (tiny.tokenize(t) for t in (PROMPT, "Rivers carry sediment from the mountains to the sea"))
-    model = parse_error(REGISTRY[name].example)
+    model = parse_error(spec)
     caches, stats = [], []
     for error in (model, InPython(model)):
         with tiny.context(F32, error, n_seq=2, n_ctx=256, seed=5) as ctx:

@@ -12,6 +12,7 @@ import pytest
 from kvinject.error_models import parse_error
 from kvinject.error_models.minifloat import FORMATS
 from kvinject.exceptions import SpecError
+from kvinject.options import CacheOptions
 
 # name -> (exponent bits, mantissa bits, which codes are not finite numbers)
 SPECS = {
@@ -109,9 +110,11 @@ def test_mx_block_scale_follows_the_mx_specification(fmt: str, x: np.ndarray) ->
     assert np.array_equal(got, want)
 
 
-def test_mx_block_must_divide_the_row() -> None:
+def test_mx_block_must_divide_the_row(tiny) -> None:
     with pytest.raises(SpecError, match="does not divide"):
         rounded("float:e4m3,block=48", np.ones((2, 64), np.float32))
+    with pytest.raises(SpecError, match="'float': block 48 does not divide the row length 128"):
+        tiny.context(CacheOptions(), parse_error("float:e4m3,block=48"))
 
 
 def test_unknown_format_names_the_choices() -> None:

@@ -33,7 +33,8 @@ def bits_per_element(
     row_k, row_v = n_head_kv * head_dim_k, n_head_kv * head_dim_v
     for component, row, cache_type in (("k", row_k, cache.type_k), ("v", row_v, cache.type_v)):
         stored = BITS_PER_VALUE[cache_type]
-        compressed = min(stored, error.bits_per_element(stored, component, lengths, row))
+        selected = row if target.heads is None else len(target.heads) * row // n_head_kv  # what a compressor's per-row overhead spreads over
+        compressed = min(stored, error.bits_per_element(stored, component, lengths, selected))
         targeted = sum(target.wants(component, il) for il in range(n_layer)) * target.share(n_head_kv) if error.injects else 0
         total += row * (targeted * compressed + (n_layer - targeted) * stored)
     kept_fraction = sum(kept) / sum(lengths) if sum(kept) else 1.0

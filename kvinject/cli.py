@@ -228,6 +228,7 @@ def generate(
     target: TargetOpt = "kv",
     layers: LayersOpt = None,
     positions: PositionsOpt = None,
+    heads: HeadsOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Tokens to generate.")] = 32,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")] = False,
     seed: SeedOpt = 0,
@@ -241,7 +242,7 @@ def generate(
 
     if output_format not in ("table", "json"):
         raise KvinjectError(f"--format must be table or json, got '{output_format}'")
-    configs = configurations("none", error or [], Target.parse(target, layers, positions), setup.cache)
+    configs = configurations("none", error or [], Target.parse(target, layers, positions, heads), setup.cache)
     with setup.load() as m:
         with console.status("generating...", spinner="dots"):
             results = run_generate(m, prompt, configs, max_tokens=max_tokens, chat=chat, seed=seed, n_ctx=ctx)
@@ -493,7 +494,7 @@ def profile(
     data: Annotated[Optional[str], typer.Option("--data", help="The bench's data: PATH or hf:NAME[:CONFIG][@SPLIT].")] = None,
     store: Annotated[Optional[Path], typer.Option("--store", help="Results store (default: profile-MODEL-BENCH-ERROR.results.sqlite here).")] = None,
     by_head: Annotated[bool, typer.Option("--by-head", help="Each KV head of each layer's K and V alone (layers x heads x 2 runs).")] = False,
-    heatmap: Annotated[Optional[Path], typer.Option("--heatmap", help="Draw the layer x {K, V} map to this PNG (needs matplotlib).")] = None,
+    heatmap: Annotated[Optional[Path], typer.Option("--heatmap", help="Draw the map (layers x K, V, or their heads) to this PNG (needs matplotlib).")] = None,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Write the map as CSV (a row per layer).")] = None,
     *,
     setup: _Setup,

@@ -31,6 +31,12 @@ class Configuration:
         check_selection(model, target)
         return cls(model, target, cache)
 
+    def check(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int) -> None:
+        """Fail when the target names layers or KV heads a model of this shape lacks, or heads
+        the error model cannot keep apart."""
+        self.target.check(n_layer, n_head_kv)
+        check_heads(self.error, self.target, n_head_kv, head_dim_k, head_dim_v)
+
     @property
     def label(self) -> str:
         """``ERROR [target:layers pos:POSITIONS heads:HEADS] @K/V``; the target, positions, heads and
@@ -77,4 +83,17 @@ def check_selection(error: ErrorModel, target: Target) -> None:
             raise SpecError(
                 f"{option} does not apply to '{error.name}', which places its faults among every value of the targeted layers "
                 "(those outside would be lost): use bitflip:P with a bit or field"
+            )
+
+
+def check_heads(error: ErrorModel, target: Target, n_head_kv: int, head_dim_k: int, head_dim_v: int) -> None:
+    """--heads needs each group the model computes together within one KV head."""
+    if target.heads is None:
+        return
+    for component, dim in (("k", head_dim_k), ("v", head_dim_v)):
+        span = error.span(component, n_head_kv * dim)
+        if component in target.components and dim % span:
+            raise SpecError(
+                f"--heads does not apply to '{error.spec}' on {component.upper()}: it computes {span} components together, "
+                f"across KV heads of {dim} (a group or block that divides {dim} keeps within a head)"
             )

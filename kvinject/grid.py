@@ -268,10 +268,16 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
             seen.add(identity)
             grid.cells.append(cell)
 
+    def configure(where: str, spec: str, target: Target | None, cache: CacheOptions) -> Configuration:
+        try:
+            return Configuration.parse(spec, target, cache)
+        except SpecError as e:
+            raise GridError(f"{path}: {where}: {e}") from None
+
     for model, (bench, options), seed in itertools.product(models, option_sets, seeds):
-        add(model, bench, options, Configuration.parse(control_spec, cache=caches[0]), seed, control=True)
+        add(model, bench, options, configure("sweep.control", control_spec, None, caches[0]), seed, control=True)
         for spec, target, cache in itertools.product(specs, targets, caches):
-            add(model, bench, options, Configuration.parse(spec, target, cache), seed)
+            add(model, bench, options, configure(f"errors '{spec}'", spec, target, cache), seed)
         for i, extra in enumerate(extras):
             bad = set(extra) - {"error", "target", "layers", "positions", "heads"}
             if bad or "error" not in extra:
@@ -281,5 +287,5 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
                 target = Target.parse(*(str(extra.get(key, default)) for key, default in defaults))
             except SpecError as e:
                 raise GridError(f"{path}: cells[{i}]: {e}") from None
-            add(model, bench, options, Configuration.parse(str(extra["error"]), target, caches[0]), seed)
+            add(model, bench, options, configure(f"cells[{i}]", str(extra["error"]), target, caches[0]), seed)
     return grid

@@ -193,10 +193,10 @@ def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
 
 
 def sensitivity_map(table: pd.DataFrame, metric: str, title: str, path: Path) -> None:
-    """A profile's metric per layer (across) for K and V (down), as a heatmap."""
+    """A profile's metric per layer (across) for K and V, or their heads (down), as a heatmap."""
     plt = _pyplot("--heatmap")
     grid = table.T.to_numpy(float)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * grid.shape[1] + 2), 2.6), layout="constrained")
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * grid.shape[1] + 2), max(2.6, 0.3 * grid.shape[0] + 2)), layout="constrained")
     image = ax.imshow(grid, cmap="magma_r", aspect="auto")
     if grid.shape[1] <= 40:
         for (i, j), value in np.ndenumerate(grid):

@@ -141,9 +141,9 @@ class RealizedStats:
 
 @dataclass
 class Realized:
-    """Realized statistics for K and V of one configuration. With ``--positions``, ``outside``
-    holds the part of them that the positions left out (their values, unchanged), so that the
-    summary says what the selected and the other positions received."""
+    """Realized statistics for K and V of one configuration. With ``--positions`` or ``--heads``,
+    ``outside`` holds the part of them that the selection left out (their values, unchanged), so
+    that the summary says what the selected and the other values received."""
 
     k: RealizedStats
     v: RealizedStats

@@ -53,7 +53,7 @@ def run(
 ) -> Iterator[RunResult]:
     """Evaluate every bench under ``configs`` (the control first); yields results as they finish."""
     for config in configs:  # before the control has run, not after
-        config.target.check(model.n_layer, model.n_head_kv)
+        config.check(model.n_layer, model.n_head_kv, model.head_dim_k, model.head_dim_v)
         for bench in benches:
             bench.check(config)
     for bench in benches:

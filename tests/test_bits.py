@@ -43,6 +43,8 @@ def test_bits_count_only_the_targeted_components_and_layers() -> None:
     # Heads 0 and 2 of 4 in every layer: half of each vector at 4.5 bits.
     assert bits("quant:4", heads="0,2", n_head_kv=4) == pytest.approx((4.5 + 16) / 2)
     assert bits("quant:4", target="v", heads="1", n_head_kv=4) == pytest.approx((16 + (4.5 + 3 * 16) / 4) / 2)
+    # A per-row overhead (kvquant's outlier row pointer, 32 bits a token) spreads over the selected head's 16 components.
+    assert bits("kvquant:4,outliers=0.01", target="k", heads="0", n_head_kv=4) == pytest.approx((16 + (4 + 0.01 * 32 + 32 / 16 + 3 * 16) / 4) / 2)
 
 
 def test_every_result_records_its_bits(tiny) -> None:

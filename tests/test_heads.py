@@ -75,7 +75,7 @@ def test_every_head_is_bit_identical_to_no_selection(tiny, error):
     assert all(got_realized["selection"]["other"][c]["values"] == 0 for c in "kv")
 
 
-@pytest.mark.parametrize("error", ["normal:0,0.25", "quant:4"])
+@pytest.mark.parametrize("error", PATHS)
 def test_realized_statistics_count_the_selected_head_apart(tiny, error):
     rec = Recorded(tiny, error, Target.parse("kv", heads="0"))
     n = prefill_and_step(rec, tiny.tokenize(PROMPT), steps=6)
@@ -89,6 +89,36 @@ def test_realized_statistics_count_the_selected_head_apart(tiny, error):
         if error.startswith("normal"):
             assert inside["rel_err_std"] == pytest.approx(0.25, rel=0.1)
     rec.close()
+
+
+def test_kvquant_keys_by_head_keep_their_sinks(tiny):
+    """K per channel before RoPE (RoPE turns pairs of one head's components), the first token
+    exact: exactly head 1 of every later position changes."""
+    rec = Recorded(tiny, "kvquant:4,sinks=1,calib=64", Target.parse("k", heads="1"))
+    prefill_and_step(rec, tiny.tokenize(PROMPT))
+    pos, changed = rec.changed()
+    want = np.outer(pos >= 1, head_columns(tiny, [1]))
+    assert not changed["v"].any() and not (changed["k"] & ~want).any()
+    assert changed["k"][pos >= 1][:, head_columns(tiny, [1])].any(axis=1).all()
+    rec.close()
+
+
+@pytest.mark.parametrize(
+    "spec,target,message",
+    [
+        ("quant:4,group=128", "kv", "'quant:4,group=128' on K: it computes 128 components together, across KV heads of 64"),
+        ("float:e4m3,block=128", "v", "'float:e4m3,block=128' on V"),
+        ("kvquant:4", "v", "'kvquant:4,site=pre-rope' on V: it computes 128 components together"),
+    ],
+)
+def test_groups_across_heads_are_refused(tiny, spec, target, message):
+    with pytest.raises(SpecError, match=message):
+        tiny.context(F32, parse_error(spec), Target.parse(target, heads="0"))
+    bench = make_bench("perplexity", {"ctx": 64, "chunks": 1})
+    with pytest.raises(SpecError, match=message):  # before the control runs
+        list(run(tiny, [bench], [Configuration(), Configuration.parse(spec, Target.parse(target, heads="0"))], runs=1))
+    tiny.context(F32, parse_error("quant:4,group=64"), Target.parse("kv", heads="0")).close()  # a group of one head
+    tiny.context(F32, parse_error("kvquant:4,calib=64"), Target.parse("k", heads="0")).close()  # K per channel
 
 
 def test_a_head_the_model_lacks_and_models_that_cannot_select_heads_are_refused(tiny):
@@ -125,6 +155,10 @@ def test_labels_keys_and_grids_name_heads_only_when_given():
     with pytest.raises(GridError, match=r"g.toml: \[sweep\] bad --heads 'x'") as e:
         build_grid("g.toml", {**raw, "sweep": {"models": ["m.gguf"], "heads": ["x"]}})
     assert "\n" not in str(e.value)
+    with pytest.raises(GridError, match=r"g.toml: cells\[0\]: --heads does not apply to 'faults'"):
+        build_grid("g.toml", {**raw, "cells": [{"error": "faults:1", "heads": "0"}]})
+    with pytest.raises(GridError, match=r"g.toml: errors 'faults:2': --heads does not apply to 'faults'"):
+        build_grid("g.toml", {**raw, "errors": [{"spec": "faults:2"}]})
 
 
 def test_profile_by_head_maps_each_head_as_a_targeted_run_measures_it(tmp_path, tiny_path, tiny):

@@ -31,6 +31,7 @@ def test_heads_select_the_components_of_their_head() -> None:
     # 3 KV heads of 4 components each, laid out head after head as llama.cpp's K rows.
     assert t.columns(12, 3).tolist() == [True] * 4 + [False] * 4 + [True] * 4
     assert Target().columns(12, 3) is None
+    assert t.columns(6, 3).tolist() == [True, True, False, False, True, True], "V's heads may be narrower than K's"
     assert t.share(3) == 2 / 3 and Target().share(3) == 1
     with pytest.raises(SpecError, match="model has KV heads 0-1"):
         t.check(4, 2)

@@ -165,6 +165,12 @@ class ErrorModel(ABC):
         """The first positions of every sequence the model leaves exact (attention sinks)."""
         return 0
 
+    def span(self, component: str, row: int) -> int:
+        """How many consecutive components of a K or V row of ``row`` the model computes together
+        (a quantization group, an MX block, a whole row): 1 for a model of each value alone. With
+        --heads a span must stay within a KV head, or the heads left out would shape the others."""
+        return 1
+
     @property
     def placed(self) -> bool:
         """Places a fixed number of changes among every value an item writes to the targeted

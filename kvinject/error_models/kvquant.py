@@ -174,6 +174,9 @@ class KVQuant(ErrorModel):
     def sink_tokens(self) -> int:
         return self.sinks or 0
 
+    def span(self, component: str, row: int) -> int:
+        return row if component == "v" else 1  # V's range and outliers per token; K's per channel
+
     @property
     def nuq(self) -> bool:
         return self.levels == "nuq"

@@ -79,6 +79,9 @@ class Minifloat(ErrorModel):
     def law(self) -> tuple[float, ...] | None:
         return (ROUND, *self._format, self.block)
 
+    def span(self, component: str, row: int) -> int:
+        return self.block or 1
+
     def fit(self, model: Model, cache: CacheOptions) -> ErrorModel:
         """Itself, once the block divides the model's K and V rows (the compiled pass does not cut rows into groups)."""
         for dim in (model.head_dim_k, model.head_dim_v):

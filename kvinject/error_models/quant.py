@@ -32,6 +32,9 @@ class Quant(ErrorModel):
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         return self.bits + 16 / self.group  # an fp16 scale per group, as q8_0 and q4_0 store it
 
+    def span(self, component: str, row: int) -> int:
+        return self.group
+
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         g = row_groups(x, self.group, "'quant': group")
         qmax = np.float32(2 ** (self.bits - 1) - 1)

@@ -311,7 +311,7 @@ def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, columns, sums, 
                 else:
                     after = before * factor(kind, a, b, hash_at(key, start + c))
                 xs[c] = after
-                if after != before:
+                if after != before and (after == after or before == before):  # a NaN left NaN is no change
                     changed += 1
                 if not np.isfinite(after):
                     nonfinite += 1

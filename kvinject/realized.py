@@ -73,7 +73,7 @@ class RealizedStats:
             self.sign_flips += int(np.count_nonzero(np.less(np.multiply(a, b, out=tmp), 0, out=mask)))
 
     def _add_masked(self, b: np.ndarray, a: np.ndarray) -> None:
-        self.changed += int(np.count_nonzero(a != b))
+        self.changed += int(np.count_nonzero((a != b) & ~(np.isnan(a) & np.isnan(b))))  # a NaN left NaN is no change
         finite = np.isfinite(a)
         n_finite = int(np.count_nonzero(finite))
         self.nonfinite += b.size - n_finite

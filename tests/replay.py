@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvinject.batching import generate_all
 from kvinject.error_models import parse_error
 from kvinject.options import CacheOptions
 
@@ -54,3 +55,24 @@ def prefill_and_step(rec, tokens, steps=4):
     for i in range(steps):
         rec.ctx.decode([(tokens[i], len(tokens) + i, 0, True)])
     return len(tokens) + steps
+
+
+def assert_selecting_everything_changes_nothing(model, error, targets, prompts):
+    """Each of ``targets`` (selections of every value, the first none) gives the first's caches,
+    logits and realized statistics bit for bit, with sequences sharing decodes; and the whole of
+    it counts as selected."""
+    out = []
+    for target in targets:
+        with model.context(F32, parse_error(error), target, seed=4, n_seq=2, n_ctx=512) as ctx:
+            tokens = [model.tokenize(p) for p in prompts]
+            logits = [gen.logits for _, gen in generate_all(ctx, tokens, max_tokens=5, items=range(len(prompts)), keep_logits=True)]
+            caches = [read_cells(ctx, seq)[1] for seq in (0, 1)]
+            out.append((logits, caches, ctx.realized.summary()))
+    (logits, caches, realized), *selections = out
+    for got_logits, got_caches, got_realized in selections:
+        assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(logits, got_logits))
+        for seq in (0, 1):
+            assert all(np.array_equal(caches[seq][site], got_caches[seq][site], equal_nan=True) for site in caches[seq])
+        assert repr({c: got_realized[c] for c in "kv"}) == repr(realized)  # repr: NaN equals NaN
+        assert repr(got_realized["selection"]["selected"]) == repr(realized)
+        assert all(got_realized["selection"]["other"][c]["values"] == 0 for c in "kv")

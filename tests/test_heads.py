@@ -9,7 +9,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvinject.batching import generate_all
 from kvinject.benchmarks import make_bench
 from kvinject.config import Configuration
 from kvinject.error_models import parse_error
@@ -19,9 +18,8 @@ from kvinject.runner import run
 from kvinject.store import Store
 from kvinject.target import Target
 
-from .cache_state import read_cells
 from .cli_runs import kvinject
-from .replay import F32, Recorded, prefill_and_step
+from .replay import F32, Recorded, assert_selecting_everything_changes_nothing, prefill_and_step
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the cat watches from the warm window sill."
 PATHS = ["normal:0,0.25", "float:e2m1", "quant:4"]  # compiled multiplication, compiled rounding, Python
@@ -59,20 +57,7 @@ def test_heads_compose_with_target_and_positions(tiny, error):
 @pytest.mark.parametrize("error", PATHS)
 def test_every_head_is_bit_identical_to_no_selection(tiny, error):
     """Every layer's cache, the logits and the realized statistics, with sequences sharing decodes."""
-    out = []
-    for heads in (None, "0-1"):
-        with tiny.context(F32, parse_error(error), Target.parse("kv", heads=heads), seed=4, n_seq=2, n_ctx=512) as ctx:
-            prompts = [tiny.tokenize(PROMPT), tiny.tokenize("Rivers carry sediment"), tiny.tokenize("A short one")]
-            logits = [gen.logits for _, gen in generate_all(ctx, prompts, max_tokens=5, items=range(3), keep_logits=True)]
-            caches = [read_cells(ctx, seq)[1] for seq in (0, 1)]
-            out.append((logits, caches, ctx.realized.summary()))
-    (logits, caches, realized), (got_logits, got_caches, got_realized) = out
-    assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(logits, got_logits))
-    for seq in (0, 1):
-        assert all(np.array_equal(caches[seq][site], got_caches[seq][site], equal_nan=True) for site in caches[seq])
-    assert repr({c: got_realized[c] for c in "kv"}) == repr(realized)  # repr: NaN equals NaN
-    assert repr(got_realized["selection"]["selected"]) == repr(realized)
-    assert all(got_realized["selection"]["other"][c]["values"] == 0 for c in "kv")
+    assert_selecting_everything_changes_nothing(tiny, error, [Target(), Target.parse("kv", heads="0-1")], [PROMPT, "Rivers carry sediment", "A short one"])
 
 
 @pytest.mark.parametrize("error", PATHS)

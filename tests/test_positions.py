@@ -21,8 +21,7 @@ from kvinject.grid import GridError, build_grid
 from kvinject.positions import Positions
 from kvinject.target import Target
 
-from .cache_state import read_cells
-from .replay import F32, Recorded, prefill_and_step
+from .replay import F32, Recorded, assert_selecting_everything_changes_nothing, prefill_and_step
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the cat watches from the warm window sill."
 PROMPTS = [PROMPT, "Rivers carry sediment from the mountains to the sea", "A short one"]
@@ -104,23 +103,8 @@ def test_positions_compose_with_target_and_layers(tiny, error):
 
 @pytest.mark.parametrize("error", [*PATHS, "bitflip:0.01", "signflip:0.1"])
 def test_selecting_everything_is_bit_identical_to_no_selection(tiny, error):
-    """Every layer's cache, the logits and the realized statistics, with sequences sharing decodes."""
-    out = []
-    for positions in (None, "0-", "prompt,generated"):
-        with tiny.context(F32, parse_error(error), Target.parse("kv", None, positions), seed=4, n_seq=2, n_ctx=512) as ctx:
-            logits = []
-            for _, gen in generate_all(ctx, [tiny.tokenize(p) for p in PROMPTS], max_tokens=5, items=range(3), keep_logits=True):
-                logits.append(gen.logits)
-            caches = [read_cells(ctx, seq)[1] for seq in (0, 1)]
-            out.append((logits, caches, ctx.realized.summary()))
-    (logits, caches, realized), *selections = out
-    for got_logits, got_caches, got_realized in selections:
-        assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(logits, got_logits))
-        for seq in (0, 1):
-            assert all(np.array_equal(caches[seq][site], got_caches[seq][site], equal_nan=True) for site in caches[seq])
-        assert repr({c: got_realized[c] for c in "kv"}) == repr(realized)  # repr: NaN equals NaN
-        assert repr(got_realized["selection"]["selected"]) == repr(realized)
-        assert all(got_realized["selection"]["other"][c]["values"] == 0 for c in "kv")
+    targets = [Target.parse("kv", None, positions) for positions in (None, "0-", "prompt,generated")]
+    assert_selecting_everything_changes_nothing(tiny, error, targets, PROMPTS)
 
 
 @pytest.mark.parametrize("error", PATHS)

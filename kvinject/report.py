@@ -11,7 +11,8 @@ import pandas as pd
 from scipy.stats import false_discovery_control
 
 from .benchmarks import BENCHMARKS
-from .benchmarks.base import RunResult
+from .benchmarks.base import Benchmark, RunResult
+from .benchmarks.options import Options
 from .config import Configuration
 from .error_models import parse_error
 from .exceptions import KvinjectError
@@ -103,10 +104,19 @@ def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
             realized.setdefault(r["label"], []).append(r["realized"]["k"].get("rel_err_std"))
             # The label names the cache types, not these: rows that differ only here must show them.
             cache[r["label"]] = {k: r["settings"]["cache"][k] for k in ("flash_attn", "kv_rotation")}
-        for row in aggregate(bench, [_result(r) for r in ordered]):
+        for row in aggregate(bench, [_result(r) for r in ordered], _options(bench, ordered[0]["settings"]["options"])):
             k_std = [x for x in realized.get(row["label"], []) if x is not None]
             rows.append({**experiment, **row, **cache[row["label"]], "realized_k_rel_std": sum(k_std) / len(k_std) if k_std else None})
     return pd.DataFrame(rows)
+
+
+def _options(bench: type[Benchmark], given: dict[str, Any]) -> Options | None:
+    """The bench's options as a record gives them, or None where an older version's no longer
+    parse (the bench's defaults then say what is pass/fail)."""
+    try:
+        return bench.Options.parse(given)
+    except KvinjectError:
+        return None
 
 
 def primary_rows(df: pd.DataFrame, metric: str | None = None) -> list[bool]:

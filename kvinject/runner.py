@@ -11,6 +11,7 @@ import numpy as np
 
 from . import __version__
 from .benchmarks.base import Benchmark, RunResult
+from .benchmarks.options import Options
 from .config import Configuration
 from .model import Model, versions
 from .stats import across_runs, bootstrap_ci, compare_to_control, paired_bootstrap, percent_of_control, proportion_ci
@@ -88,10 +89,14 @@ def _matrix(results: list[RunResult], metric: str) -> np.ndarray | None:
     return np.array(rows, dtype=np.float64) if rows and len(rows) == len(results) else None
 
 
-def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, object]]:
+def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], options: Options | None = None) -> list[dict[str, object]]:
     """Per configuration and metric: across-run mean/std/t-CI, an interval across items,
     percent of control and a paired test against the control, with paired bootstrap CIs of
-    the difference and of percent of control (items are the unit)."""
+    the difference and of percent of control (items are the unit). ``options``: the bench's,
+    when ``bench`` is its class (what is pass/fail may depend on them; without, its defaults')."""
+    if options is None and isinstance(bench, Benchmark):
+        options = bench.options
+    binary = bench.binary if options is None else bench.pass_fail(options)
     groups: dict[str, list[RunResult]] = {}
     for r in results:
         groups.setdefault(r.config.label, []).append(r)
@@ -113,7 +118,7 @@ def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, obje
             weights = weighing[0] if weighing is not None else None
             # One run of pass/fail values: the Wilson interval, which a percentile bootstrap
             # shrinks to a point at 0 of n (a fault campaign's SDC rate) or n of n.
-            proportion = matrix is not None and matrix.shape[0] == 1 and item_metric in bench.binary
+            proportion = matrix is not None and matrix.shape[0] == 1 and item_metric in binary
             items_ci = None if matrix is None else proportion_ci(matrix) if proportion else bootstrap_ci(matrix, weights=weights)
             if items_ci is not None and transform is not None:
                 items_ci = tuple(transform(x) for x in items_ci)
@@ -132,7 +137,7 @@ def aggregate(bench: Benchmark, results: list[RunResult]) -> list[dict[str, obje
             }
             control_matrix = _matrix(control, item_metric)
             if label != control_label and matrix is not None and control_matrix is not None and np.isfinite(control_matrix).any():
-                row["test"] = compare_to_control(control_matrix, matrix, binary=item_metric in bench.binary).to_dict()
+                row["test"] = compare_to_control(control_matrix, matrix, binary=item_metric in binary).to_dict()
                 row["diff_ci"], row["percent_ci"] = map(list, paired_bootstrap(control_matrix, matrix, transform, weights=weights))
             out.append(row)
     return out

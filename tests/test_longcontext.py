@@ -16,11 +16,13 @@ from kvinject.benchmarks.haystack import (
     filler_sentences,
     string_match_all,
 )
+from kvinject.benchmarks.niah import Niah
 from kvinject.benchmarks.vt import EXAMPLE_NOISE_BLOCKS
 from kvinject.config import Configuration
 from kvinject.exceptions import DataError, KvinjectError, SpecError
 from kvinject.plots import cell_scores, heatmap
-from kvinject.runner import run
+from kvinject.report import load_records, summarize
+from kvinject.runner import aggregate, run
 from kvinject.store import Store
 
 from .cli_runs import PNG, kvinject, swept
@@ -286,6 +288,15 @@ def test_a_run_on_the_tiny_model_reports_every_cell(tiny):
         assert result.metrics["accuracy"] == pytest.approx(sum(result.metrics[c] for c in cells) / 4)
         assert all(len(o) <= 8 for o in result.outputs)
     assert noisy.realized.k.values > 0 and "diverged" in noisy.extra
+    # One value asked: each item passes or fails, so a single run's interval is Wilson's, from
+    # the bench or from its class and options as a report reads them.
+    for rows in (aggregate(bench, [control, noisy]), aggregate(Niah, [control, noisy], bench.options)):
+        assert {a["items_ci_method"] for a in rows if a["metric"] == "accuracy"} == {"wilson"}
+
+
+@pytest.mark.parametrize("family,pass_fail", [("single", True), ("multikey", True), ("multivalue", False), ("multiquery", False)])
+def test_niah_accuracy_is_pass_fail_when_one_value_is_asked(family, pass_fail):
+    assert ("accuracy" in Niah.pass_fail(Niah.Options.parse({"family": family}))) == pass_fail
 
 
 def test_long_prompts_share_fewer_sequences_unless_parallel_is_given(tiny_path):
@@ -354,6 +365,9 @@ def test_report_tables_and_a_heatmap_from_a_sweep(tmp_path, tiny_path):
     out = kvinject("report", store)
     assert out.returncode == 0, out.stderr
     assert "depths [0, 50, 100]" in out.stdout and "depths [0, 100]" in out.stdout
+    # Read back from the store, niah's single-needle accuracy is pass/fail as passkey's is.
+    df = summarize(load_records([store]))
+    assert set(df[df["metric"] == "accuracy"]["items_ci_method"]) == {"wilson"}
 
 
 @pytest.mark.slow

@@ -111,6 +111,12 @@ class Benchmark(ABC):
         if "name" in cls.__dict__:
             BENCHMARKS[cls.name] = cls
 
+    @classmethod
+    def pass_fail(cls, options: Options) -> frozenset[str]:
+        """The per-item metrics that are pass/fail with ``options`` (their single runs get
+        Wilson's interval and an exact paired test)."""
+        return cls.binary
+
     def __init__(self, options: Options | None = None, /, **values: object):
         """``Bench(limit=20)`` or ``Bench(Bench.Options(...))``; values are checked as the
         CLI's and grid files' are."""

@@ -64,6 +64,11 @@ class Niah(LongContextBenchmark):
     Options = NiahOptions
     options: NiahOptions
 
+    @classmethod
+    def pass_fail(cls, options: NiahOptions) -> frozenset[str]:
+        """With one value asked (single, multikey), an item's accuracy is 0 or 1."""
+        return cls.binary | ({"accuracy"} if options.family in ("single", "multikey") else set())
+
     def load(self) -> None:
         o = self.options
         if o.key_type == "words" and o.family in ("multikey", "multiquery") and o.needles > len(ADJECTIVES) * len(NOUNS):

@@ -32,10 +32,10 @@ class Configuration:
         return cls(model, target, cache)
 
     def check(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int) -> None:
-        """Fail when the target names layers or KV heads a model of this shape lacks, or heads
-        the error model cannot keep apart."""
+        """Fail when the target names layers or KV heads a model of this shape lacks, or the
+        error model's groups do not fit its rows or heads."""
         self.target.check(n_layer, n_head_kv)
-        check_heads(self.error, self.target, n_head_kv, head_dim_k, head_dim_v)
+        check_groups(self.error, self.target, n_head_kv, head_dim_k, head_dim_v)
 
     @property
     def label(self) -> str:
@@ -86,13 +86,17 @@ def check_selection(error: ErrorModel, target: Target) -> None:
             )
 
 
-def check_heads(error: ErrorModel, target: Target, n_head_kv: int, head_dim_k: int, head_dim_v: int) -> None:
-    """--heads needs each group the model computes together within one KV head."""
-    if target.heads is None:
-        return
+def check_groups(error: ErrorModel, target: Target, n_head_kv: int, head_dim_k: int, head_dim_v: int) -> None:
+    """Each group the model computes together (ErrorModel.span) must tile the targeted K or V
+    rows, and with --heads stay within one KV head; checked before anything runs."""
     for component, dim in (("k", head_dim_k), ("v", head_dim_v)):
-        span = error.span(component, n_head_kv * dim)
-        if component in target.components and dim % span:
+        row = n_head_kv * dim
+        span = error.span(component, row)
+        if component not in target.components:
+            continue
+        if row % span:
+            raise SpecError(f"'{error.spec}' computes groups of {span} components, which do not divide the {component.upper()} row of {row}")
+        if target.heads is not None and dim % span:
             raise SpecError(
                 f"--heads does not apply to '{error.spec}' on {component.upper()}: it computes {span} components together, "
                 f"across KV heads of {dim} (a group or block that divides {dim} keeps within a head)"

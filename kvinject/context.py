@@ -12,7 +12,7 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from .bits import bits_per_element
-from .config import check_heads, check_selection
+from .config import check_groups, check_selection
 from .error_models import CacheResident, Draws, ErrorModel, NoError
 from .exceptions import InjectionError, ModelError, SpecError
 from .ggml import CACHE_TYPES
@@ -83,7 +83,7 @@ class Context:
         if n_seq > self.n_batch:
             raise ValueError(f"{n_seq} sequences need a batch of at least {n_seq} tokens, not {self.n_batch}")
         check_selection(self.error, self.target)
-        check_heads(self.error, self.target, model.n_head_kv, model.head_dim_k, model.head_dim_v)
+        check_groups(self.error, self.target, model.n_head_kv, model.head_dim_k, model.head_dim_v)
         if isinstance(self.error, CacheResident):
             self.error.check(model, self.target, self.cache)
         self.hook = (

@@ -112,7 +112,8 @@ def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 def _options(bench: type[Benchmark], given: dict[str, Any]) -> Options | None:
     """The bench's options as a record gives them, or None where an older version's no longer
-    parse (the bench's defaults then say what is pass/fail)."""
+    parse (the class's ``binary`` then says what is pass/fail: no option-dependent metric is
+    taken for pass/fail, the cautious reading)."""
     try:
         return bench.Options.parse(given)
     except KvinjectError:

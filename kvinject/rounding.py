@@ -13,6 +13,9 @@ An MX block (OCP Microscaling v1.0, section 6.3) shares the scale 2^(floor(log2(
 emax), emax the exponent of the element format's largest normal value, stored as an E8M0
 exponent (-127 to 127); each value is divided by it, rounded, and multiplied back. Both steps
 are exact in float64 and rounded once to float32, as numpy's float32 arithmetic rounds them.
+
+numba caches the graph callback's compiled pass by kvinject/graph_callback.py's time stamp, and
+the pass inlines these functions: after editing this file, touch that one.
 """
 
 from __future__ import annotations
@@ -60,14 +63,17 @@ def round_blocks(x, largest, nmant, minexp):
 
 @njit(inline="always")
 def shared_scale(block, largest):
-    """The MX scale of ``block``, a float64 power of two. A block holding a NaN or an infinity
-    takes the exponent 0 for its maximum, as C's frexp gives it (and numpy's)."""
+    """The MX scale of ``block``, a float64 power of two; NaN for a block holding a NaN or an
+    infinity, E8M0's NaN code, which makes the whole block NaN (as the MX reference code,
+    microsoft/microxcaling, sets it)."""
     amax = 0.0
     for v in block:
         a = abs(np.float64(v))
         if a > amax or a != a:  # a NaN stays the maximum
             amax = a
-    e = math.frexp(amax)[1] if np.isfinite(amax) else 0  # amax = m * 2^e, m in [0.5, 1); 0 for 0
+    if not np.isfinite(amax):
+        return math.nan
+    e = math.frexp(amax)[1]  # amax = m * 2^e, m in [0.5, 1); 0 for 0
     emax = math.frexp(largest)[1] - 1
     return math.ldexp(1.0, min(max(e - 1 - emax, SCALE_EXPONENTS[0]), SCALE_EXPONENTS[1]))
 

@@ -93,7 +93,8 @@ def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], opti
     """Per configuration and metric: across-run mean/std/t-CI, an interval across items,
     percent of control and a paired test against the control, with paired bootstrap CIs of
     the difference and of percent of control (items are the unit). ``options``: the bench's,
-    when ``bench`` is its class (what is pass/fail may depend on them; without, its defaults')."""
+    when ``bench`` is its class (what is pass/fail may depend on them; without, the class's
+    ``binary`` says)."""
     if options is None and isinstance(bench, Benchmark):
         options = bench.options
     binary = bench.binary if options is None else bench.pass_fail(options)

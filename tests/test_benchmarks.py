@@ -169,7 +169,7 @@ def test_a_run_compares_each_configuration_with_the_control(tiny):
         assert control["test"] is None and noisy["test"] is not None
         assert control["diff_ci"] is None and noisy["diff_ci"][0] <= noisy["diff_ci"][1]
         # Over items: one run of pass/fail values gets Wilson's interval, anything else the bootstrap.
-        one_binary = bench.proxies.get(bench.primary, (bench.primary,))[0] in bench.binary
+        one_binary = bench.proxies.get(bench.primary, (bench.primary,))[0] in bench.pass_fail(bench.options)
         assert (control["items_ci_method"], noisy["items_ci_method"]) == ("wilson" if one_binary else "bootstrap", "bootstrap")
         # The paired ratio's interval: undefined where the control scores 0 (the tiny model's ifeval).
         assert noisy["percent_ci"][0] <= noisy["percent_ci"][1] or (control["mean"] == 0 and all(map(math.isnan, noisy["percent_ci"])))

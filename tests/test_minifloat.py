@@ -9,10 +9,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from kvinject.benchmarks import make_bench
+from kvinject.config import Configuration
 from kvinject.error_models import parse_error
 from kvinject.error_models.minifloat import FORMATS
 from kvinject.exceptions import SpecError
 from kvinject.options import CacheOptions
+from kvinject.runner import run
+from kvinject.target import Target
 
 # name -> (exponent bits, mantissa bits, which codes are not finite numbers)
 SPECS = {
@@ -113,8 +117,20 @@ def test_mx_block_scale_follows_the_mx_specification(fmt: str, x: np.ndarray) ->
 def test_mx_block_must_divide_the_row(tiny) -> None:
     with pytest.raises(SpecError, match="does not divide"):
         rounded("float:e4m3,block=48", np.ones((2, 64), np.float32))
-    with pytest.raises(SpecError, match="'float': block 48 does not divide the row length 128"):
+    with pytest.raises(SpecError, match="'float:e4m3,block=48' computes groups of 48 components, which do not divide the K row of 128"):
         tiny.context(CacheOptions(), parse_error("float:e4m3,block=48"))
+    bench = make_bench("perplexity", {"ctx": 64, "chunks": 1})
+    with pytest.raises(SpecError, match="'quant:4,group=48' computes groups of 48"):  # before the control runs
+        list(run(tiny, [bench], [Configuration(), Configuration.parse("quant:4,group=48", Target.parse("v"))], runs=1))
+
+
+def test_a_block_holding_a_nan_or_an_infinity_is_nan() -> None:
+    """E8M0's NaN scale, as the MX reference code (microxcaling) gives a block whose maximum is
+    not finite; the other blocks of the row as usual."""
+    x = np.ones((1, 96), np.float32)
+    x[0, 3], x[0, 40] = np.inf, np.nan
+    got = rounded("float:e4m3,block=32", x)
+    assert np.isnan(got[0, :64]).all() and (got[0, 64:] == 1).all()
 
 
 def test_unknown_format_names_the_choices() -> None:

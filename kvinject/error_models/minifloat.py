@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -26,10 +26,6 @@ import numpy as np
 from ..exceptions import SpecError
 from ..rounding import ROUND, round_array, round_blocks
 from .base import Draws, ErrorModel, register, row_groups
-
-if TYPE_CHECKING:
-    from ..model import Model
-    from ..options import CacheOptions
 
 FORMATS: dict[str, type] = {
     "e4m3": ml_dtypes.float8_e4m3fn,
@@ -81,12 +77,6 @@ class Minifloat(ErrorModel):
 
     def span(self, component: str, row: int) -> int:
         return self.block or 1
-
-    def fit(self, model: Model, cache: CacheOptions) -> ErrorModel:
-        """Itself, once the block divides the model's K and V rows (the compiled pass does not cut rows into groups)."""
-        for dim in (model.head_dim_k, model.head_dim_v):
-            row_groups(np.empty((0, model.n_head_kv * dim), np.float32), self.block or 1, "'float': block")
-        return self
 
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         return self.element_bits + (SCALE_BITS / self.block if self.block else 0)

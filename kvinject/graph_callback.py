@@ -268,10 +268,10 @@ def _perturb(head, t, site):
 @njit(cache=True)
 def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, columns, sums, outside):
     """x *= factor, row by row, or x rounded (``law``: a factor law, or ROUND, the format of
-    kvinject/rounding.py and the size of an MX block, 0 for none); each segment's rows take their factors from their stream's
-    values from ``seg_start + at * rows`` on, ``row`` per row (the layout of a block of
-    ``rows * width`` values, sites one after another); and the realized-error sums of what
-    changed. Rows that ``mask`` (when given) leaves out keep their values, and so do the
+    kvinject/rounding.py and the size of an MX block, 0 for none); each segment's rows take
+    their factors from their stream's values from ``seg_start + at * rows`` on, ``row`` per row
+    (the layout of a block of ``rows * width`` values, sites one after another); and the
+    realized-error sums of what changed. Rows that ``mask`` (when given) leaves out keep their values, and so do the
     components of a row that ``columns`` (when given) leaves out; they count in the sums as
     unchanged, and in ``outside`` too."""
     kind, a, b = np.int64(law[0]), np.float32(law[1]), np.float32(law[2])

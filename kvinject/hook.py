@@ -162,6 +162,7 @@ class KVHook:
         self._column_bytes = {c: cols.astype(np.uint8) for c, cols in self._columns.items() if cols is not None}
         self._selective = target.positions is not None or target.heads is not None
         self._mask: np.ndarray | None = None
+        self._keep: dict[str, np.ndarray | None] = {}  # this decode's, once the Python side asks
         self._mask_bytes = np.zeros(0, np.uint8)
         self._outside_sums = np.zeros((2, gc.N_SUMS), np.float64)
         self._total_outside = np.zeros((2, gc.N_SUMS), np.float64)
@@ -222,6 +223,7 @@ class KVHook:
         head[gc.ROWS] = sum(rows for _, rows in segments)
         head[gc.AT] = 0
         self._mask = mask
+        self._keep.clear()
         if mask is not None:
             if self._mask_bytes.size < mask.size:
                 self._mask_bytes = np.zeros(2 * mask.size, np.uint8)
@@ -344,12 +346,16 @@ class KVHook:
 
     def _kept(self, component: str) -> np.ndarray | None:
         """The (rows, row) values of this decode's ``component`` that keep their values: the
-        rows --positions leaves out and the heads --heads does (None: none)."""
-        cols = self._columns[component]
-        if self._mask is None and cols is None:
-            return None
-        rows = self._mask if self._mask is not None else np.ones(int(self._head[gc.ROWS]), bool)
-        return ~np.outer(rows, cols if cols is not None else np.ones(self.row[component], bool))
+        rows --positions leaves out and the heads --heads does (None: none); computed once a
+        decode, for every site the Python side changes and its statistics."""
+        if component not in self._keep:
+            cols = self._columns[component]
+            if self._mask is None and cols is None:
+                self._keep[component] = None
+            else:
+                rows = self._mask if self._mask is not None else np.ones(int(self._head[gc.ROWS]), bool)
+                self._keep[component] = ~np.outer(rows, cols if cols is not None else np.ones(self.row[component], bool))
+        return self._keep[component]
 
     @property
     def claims(self) -> int:
@@ -450,6 +456,7 @@ class KVHook:
         self._sums[:] = 0
         self._outside_sums[:] = 0
         self._mask = None
+        self._keep.clear()
         self._head[gc.MASK] = 0
         self._head[gc.RUN_SITE] = -1
         self._head[gc.ERROR] = 0

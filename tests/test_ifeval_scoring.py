@@ -222,3 +222,13 @@ def test_a_response_to_a_prompt_the_data_lacks_names_its_line(tmp_path):
     path = write_lines(tmp_path, json.dumps({"prompt": items[0].prompt, "response": "r"}), json.dumps({"prompt": "elsewhere", "response": "r"}))
     with pytest.raises(DataError, match=r"r.jsonl:2: the prompt is not one of the data's"):
         score_responses(items, read_responses(path), "r.jsonl")
+
+
+def test_a_model_without_a_chat_template_reads_the_instruction_as_plain_text(tiny, monkeypatch):
+    bench = make_bench("ifeval", {"data": str(FIXTURES / "input_data.jsonl")})
+    chat = [tiny.detokenize(t) for t in bench.prompt_tokens(tiny)]
+    monkeypatch.setattr(type(tiny), "has_chat_template", property(lambda self: False))
+    plain = bench.prompt_tokens(tiny)
+    assert plain == [tiny.tokenize(item.prompt, parse_special=False) for item in bench.items]
+    assert all(tiny.detokenize(p).strip() == item.prompt.strip() for p, item in zip(plain, bench.items))
+    assert all(text.count(item.prompt) == 1 and len(text) > len(item.prompt) for text, item in zip(chat, bench.items))

@@ -1,5 +1,7 @@
 """IFEval-style instruction following, with the study's protocol: the model's chat template,
-greedy decoding capped at --max-tokens (default 100), optional exclusion of instruction ids."""
+greedy decoding capped at --max-tokens (default 100), optional exclusion of instruction ids. A
+model without a chat template (a base model such as the bundled Gemma 3 270M) reads the
+instruction as plain text, as lm-evaluation-harness gives it without --apply_chat_template."""
 
 from __future__ import annotations
 
@@ -74,15 +76,16 @@ class IFEval(GenerationBenchmark):
             "max_tokens": self.options.max_tokens,
             "temperature": self.options.temperature,
             "exclude_instructions": list(self.options.exclude_instructions),
-            "chat_template": True,
+            "chat_template": "the model's, plain text without one",
         }
 
     def estimate_seconds(self, runs: int, speed: Speed) -> float:
         return runs * speed.generation(len(self), 60, self.options.max_tokens)
 
     def prompt_tokens(self, model: Model) -> list[list[int]]:
-        """Each item's prompt in the model's chat template, as tokens."""
-        return [model.tokenize(model.chat_prompt(item.prompt), parse_special=True) for item in self.items]
+        """Each item's prompt in the model's chat template, or as it is for a model without one, as tokens."""
+        chat = model.has_chat_template
+        return [model.tokenize(model.chat_prompt(item.prompt) if chat else item.prompt, parse_special=chat) for item in self.items]
 
     def prompts(self, model: Model) -> list[list[int]]:
         return self.prompt_tokens(model)

@@ -402,10 +402,13 @@ class KVHook:
                 staged = self._staged[c]
                 if staged.sites:
                     before, after = staged.before[: staged.n], staged.after[: staged.n]
-                    getattr(self._python_realized, c).add(before, after, staged.sites, self._work)
                     keep = self._kept(c)
+                    shape = (staged.sites, *keep.shape) if keep is not None else None
+                    unchanged = self.error.unchanged(before)
+                    if unchanged is not before and keep is not None:  # the values left out are the same as before
+                        unchanged.reshape(shape)[:, keep] = before.reshape(shape)[:, keep]
+                    getattr(self._python_realized, c).add(unchanged, after, staged.sites, self._work)
                     if keep is not None:  # the values left out, site by site
-                        shape = (staged.sites, *keep.shape)
                         getattr(self._python_outside, c).add(before.reshape(shape)[:, keep], after.reshape(shape)[:, keep], staged.sites, self._work)
             return None
         finally:

@@ -22,7 +22,7 @@ from .cli_runs import kvinject
 from .replay import F32, Recorded, assert_selecting_everything_changes_nothing, prefill_and_step
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the cat watches from the warm window sill."
-PATHS = ["normal:0,0.25", "float:e2m1", "quant:4"]  # compiled multiplication, compiled rounding, Python
+PATHS = ["normal:0,0.25", "float:e2m1", "quant:4", "bitflip:0.01,field=mantissa"]  # compiled multiplication, compiled rounding, Python, Python from fp16
 
 
 def head_columns(tiny, heads):
@@ -73,6 +73,8 @@ def test_realized_statistics_count_the_selected_head_apart(tiny, error):
         assert inside["changed"] == total["changed"] > 0
         if error.startswith("normal"):
             assert inside["rel_err_std"] == pytest.approx(0.25, rel=0.1)
+        if error.startswith("bitflip"):  # the flips are counted, not the rounding to fp16 they start from
+            assert inside["changed"] / inside["values"] == pytest.approx(1 - 0.99**10, abs=0.02)
     rec.close()
 
 

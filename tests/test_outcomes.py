@@ -51,6 +51,7 @@ def test_bitflip_at_one_bit_flips_only_that_bit(bit):
     flipped = x.astype(np.float16).view(np.uint16) ^ y.astype(np.float16).view(np.uint16)
     assert set(np.unique(flipped).tolist()) == {0, 1 << bit}
     assert np.mean(flipped != 0) == pytest.approx(0.1, abs=0.01)
+    assert np.array_equal(model.unchanged(x) != y, flipped != 0), "realized statistics see the flips, not the rounding"
     assert model.spec == f"bitflip:0.1,field=any,bit={bit}" and parse_error("bitflip:0.1").spec == "bitflip:0.1,field=any", (
         "specs without bit= stay as they were"
     )
@@ -62,10 +63,13 @@ def test_faults_flip_exactly_k_values_of_each_prompt_and_nothing_else(tiny):
     values, each by the chosen bit; the first layer is untouched."""
     cache = CacheOptions("f16", "f16", "on")
     prompts = [tiny.tokenize("The quick brown fox jumps over the lazy dog."), tiny.tokenize("One two three four five six seven eight nine ten eleven.")]
-    caches = {}
+    caches, realized = {}, {}
     for spec in ("none", "faults:3,bit=14"):
         with tiny.context(cache, parse_error(spec), Target.parse("kv", "1"), seed=5, n_ctx=128) as ctx:
             caches[spec] = [read_cells(ctx) for _ in generate_all(ctx, prompts, 4, items=[0, 1])]
+            realized[spec] = ctx.realized.summary()
+    # The realized statistics count the faults, not the rounding to fp16 they start from.
+    assert sum(realized["faults:3,bit=14"][c]["changed"] for c in "kv") == 3 * len(prompts)
     for i, prompt in enumerate(prompts):
         (clean_pos, clean), (faulty_pos, faulty) = caches["none"][i], caches["faults:3,bit=14"][i]
         rows = {name: np.argsort(pos)[: len(prompt)] for name, pos in (("clean", clean_pos), ("faulty", faulty_pos))}

@@ -160,6 +160,11 @@ class ErrorModel(ABC):
         to be (kvquant's K ranges), itself otherwise."""
         return self
 
+    def unchanged(self, x: np.ndarray) -> np.ndarray:
+        """The values the realized statistics measure the change from: ``x`` itself, or the
+        value a model starts from where it is not ``x`` (bit flips act on the fp16 value)."""
+        return x
+
     @property
     def sink_tokens(self) -> int:
         """The first positions of every sequence the model leaves exact (attention sinks)."""

@@ -13,6 +13,12 @@ from .base import Draws, ErrorModel, register
 _FP16_FIELDS = {"sign": 0x8000, "exponent": 0x7C00, "mantissa": 0x03FF, "any": 0xFFFF}
 
 
+def _rounded(x: np.ndarray) -> np.ndarray:
+    """The value rounded to fp16, which the flips start from: the realized statistics count the
+    flips, not that rounding, which an f16 cache (the default) makes anyway."""
+    return x.astype(np.float16).astype(np.float32)
+
+
 @register
 @dataclass(frozen=True)
 class BitFlip(ErrorModel):
@@ -40,6 +46,8 @@ class BitFlip(ErrorModel):
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         _flip(x, draws)
+
+    unchanged = staticmethod(_rounded)
 
 
 @register
@@ -78,6 +86,8 @@ class Faults(ErrorModel):
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         _flip(x, draws)
+
+    unchanged = staticmethod(_rounded)
 
 
 class _Faults(Draws):

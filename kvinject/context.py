@@ -88,7 +88,7 @@ class Context:
             self.error.check(model, self.target, self.cache)
         self.hook = (
             KVHook(
-                self.error.fit(model, self.cache),
+                self.error.stored(self.cache, self.target.components).fit(model, self.cache),
                 self.target,
                 model.n_layer,
                 model.n_head_kv * model.head_dim_k,

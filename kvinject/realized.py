@@ -85,7 +85,8 @@ class RealizedStats:
         if np.count_nonzero(b) < b.size:
             nonzero = b != 0
             b, a, diff = b[nonzero], a[nonzero], diff[nonzero]
-        rel = diff / b
+        with np.errstate(over="ignore"):  # past float32 (a flipped f32 exponent bit): inf, as the compiled path has it
+            rel = diff / b
         self.rel_n += rel.size
         self.rel_sum += float(rel.sum(dtype=np.float64))
         self.rel_sumsq += sumsq(rel)

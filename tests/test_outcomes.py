@@ -7,7 +7,7 @@ from kvinject.batching import generate_all
 from kvinject.benchmarks import make_bench
 from kvinject.config import Configuration
 from kvinject.error_models import Draws, parse_error
-from kvinject.exceptions import InjectionError
+from kvinject.exceptions import InjectionError, SpecError
 from kvinject.options import CacheOptions
 from kvinject.outcomes import classify
 from kvinject.runner import run
@@ -42,46 +42,100 @@ def test_every_configuration_but_the_control_is_classified(tiny):
     assert loud.extra["masked"] < 1
 
 
-@pytest.mark.parametrize("bit", [0, 10, 15])
-def test_bitflip_at_one_bit_flips_only_that_bit(bit):
+def _nearest_bf16(x: np.ndarray) -> np.ndarray:
+    """bf16's bits of each value by its definition: of the two bf16 values around x (x's upper
+    half, and the next one up in magnitude), the nearer; on a tie the one with an even last bit."""
+    u = x.view(np.uint32)
+    down = u >> 16
+    up = down + 1
+    d_down = np.abs(x.astype(np.float64) - (down.astype(np.uint32) << 16).view(np.float32))
+    d_up = np.abs(x.astype(np.float64) - (up.astype(np.uint32) << 16).view(np.float32))
+    return np.where((d_up < d_down) | ((d_up == d_down) & (down & 1 == 1)), up, down).astype(np.uint16)
+
+
+# A format's bits of a float32 value that it holds exactly, and of the value it starts from.
+BITS = {
+    "f16": (lambda y: y.astype(np.float16).view(np.uint16), lambda x: x.astype(np.float16).view(np.uint16)),
+    "bf16": (lambda y: (y.view(np.uint32) >> 16).astype(np.uint16), _nearest_bf16),
+    "f32": (lambda y: y.view(np.uint32), lambda x: x.view(np.uint32)),
+}
+
+
+@pytest.mark.parametrize("fmt,bit", [("f16", 0), ("f16", 10), ("f16", 15), ("bf16", 3), ("bf16", 14), ("f32", 20), ("f32", 31)])
+def test_bitflip_at_one_bit_flips_only_that_bit_of_the_stored_format(fmt, bit):
     x = np.random.default_rng(0).standard_normal((200, 64)).astype(np.float32)
-    model = parse_error(f"bitflip:0.1,bit={bit}")
+    model = parse_error(f"bitflip:0.1,bit={bit}").stored(CacheOptions(fmt, fmt), "kv")
     y = x.copy()
     model.apply(y, Draws(model.draw, np.random.default_rng(1)))
-    flipped = x.astype(np.float16).view(np.uint16) ^ y.astype(np.float16).view(np.uint16)
+    held, start = BITS[fmt]
+    flipped = start(x) ^ held(y)
     assert set(np.unique(flipped).tolist()) == {0, 1 << bit}
     assert np.mean(flipped != 0) == pytest.approx(0.1, abs=0.01)
     assert np.array_equal(model.unchanged(x) != y, flipped != 0), "realized statistics see the flips, not the rounding"
-    assert model.spec == f"bitflip:0.1,field=any,bit={bit}" and parse_error("bitflip:0.1").spec == "bitflip:0.1,field=any", (
-        "specs without bit= stay as they were"
+    assert model.spec == f"bitflip:0.1,field=any,bit={bit},format={fmt}" and parse_error("bitflip:0.1").spec == "bitflip:0.1,field=any", (
+        "specs without bit= or format= stay as they were"
     )
 
 
-def test_faults_flip_exactly_k_values_of_each_prompt_and_nothing_else(tiny):
-    """An f16 cache holds what the hook wrote exactly: in the last layer (whose K/V no other
+@pytest.mark.parametrize(
+    "fmt,field,mask", [("bf16", "exponent", 0x7F80), ("bf16", "mantissa", 0x007F), ("f32", "exponent", 0x7F800000), ("f32", "sign", 1 << 31)]
+)
+def test_bitflip_fields_follow_the_stored_format(fmt, field, mask):
+    x = np.random.default_rng(2).standard_normal((100, 64)).astype(np.float32)
+    model = parse_error(f"bitflip:0.05,field={field}").stored(CacheOptions(fmt, fmt), "kv")
+    y = x.copy()
+    model.apply(y, Draws(model.draw, np.random.default_rng(3)))
+    held, start = BITS[fmt]
+    flipped = (start(x) ^ held(y)).astype(np.uint64)
+    assert np.all(flipped & ~np.uint64(mask) == 0) and flipped.any()
+    assert sum(np.count_nonzero(flipped >> np.uint64(b) & np.uint64(1)) for b in range(32)) / (x.size * bin(mask).count("1")) == pytest.approx(0.05, rel=0.1)
+
+
+def test_the_stored_format_is_the_cache_s():
+    def stored(spec, target="kv"):
+        config = Configuration.parse(spec, Target.parse(target))
+        return config.error.stored(config.cache, target).spec
+
+    assert stored("bitflip:0.1") == "bitflip:0.1,field=any,format=f16"
+    assert stored("bitflip:0.1@q8_0") == "bitflip:0.1,field=any,format=f16", "a quantized cache quantizes the fp16 value"
+    assert stored("faults:2,bit=30@f32") == "faults:2,field=any,bit=30,format=f32"
+    assert stored("bitflip:0.1@f32/f16", "k") == "bitflip:0.1,field=any,format=f32"
+    assert stored("bitflip:0.1,format=bf16@f32") == "bitflip:0.1,field=any,format=bf16", "a named format wins"
+    with pytest.raises(SpecError, match="bit 20 is beyond the 16 bits of f16"):
+        Configuration.parse("bitflip:0.1,bit=20")
+    with pytest.raises(SpecError, match="stores K as f32 and V as f16: target one"):
+        Configuration.parse("bitflip:0.1@f32/f16")
+    with pytest.raises(SpecError, match=r"bit must be in 0..15 \(the bits of bf16\)"):
+        parse_error("bitflip:0.1,bit=16,format=bf16")
+
+
+@pytest.mark.parametrize("fmt,bit", [("f16", 14), ("bf16", 3), ("f32", 20)])
+def test_faults_flip_exactly_k_values_of_each_prompt_and_nothing_else(tiny, fmt, bit):
+    """A float cache holds what the hook wrote exactly: in the last layer (whose K/V no other
     cached value depends on), each item's prompt rows differ from the control's in exactly K
-    values, each by the chosen bit; the first layer is untouched."""
-    cache = CacheOptions("f16", "f16", "on")
+    values, each by the chosen bit of the cache's format; the first layer is untouched."""
+    cache = CacheOptions(fmt, fmt, "on")
+    faulty_spec = f"faults:3,bit={bit}"
     prompts = [tiny.tokenize("The quick brown fox jumps over the lazy dog."), tiny.tokenize("One two three four five six seven eight nine ten eleven.")]
     caches, realized = {}, {}
-    for spec in ("none", "faults:3,bit=14"):
+    for spec in ("none", faulty_spec):
         with tiny.context(cache, parse_error(spec), Target.parse("kv", "1"), seed=5, n_ctx=128) as ctx:
             caches[spec] = [read_cells(ctx) for _ in generate_all(ctx, prompts, 4, items=[0, 1])]
             realized[spec] = ctx.realized.summary()
-    # The realized statistics count the faults, not the rounding to fp16 they start from.
-    assert sum(realized["faults:3,bit=14"][c]["changed"] for c in "kv") == 3 * len(prompts)
+    # The realized statistics count the faults, not the rounding to the format they start from.
+    assert sum(realized[faulty_spec][c]["changed"] for c in "kv") == 3 * len(prompts)
+    held = BITS[fmt][0]
     for i, prompt in enumerate(prompts):
-        (clean_pos, clean), (faulty_pos, faulty) = caches["none"][i], caches["faults:3,bit=14"][i]
+        (clean_pos, clean), (faulty_pos, faulty) = caches["none"][i], caches[faulty_spec][i]
         rows = {name: np.argsort(pos)[: len(prompt)] for name, pos in (("clean", clean_pos), ("faulty", faulty_pos))}
 
         def bits(c, layer):
-            a, b = clean[c, layer][rows["clean"]], faulty[c, layer][rows["faulty"]]
-            return a.astype(np.float16).view(np.uint16) ^ b.astype(np.float16).view(np.uint16)
+            return held(clean[c, layer][rows["clean"]]) ^ held(faulty[c, layer][rows["faulty"]])
 
         assert not any(bits(c, 0).any() for c in "kv"), "the first layer is untouched"
         flips = np.concatenate([bits(c, 1).ravel() for c in "kv"])
         # A flip that makes a NaN is stored quieted: fp16's quiet bit (9) set by the conversions.
-        assert np.count_nonzero(flips) == 3 and set(flips[flips != 0].tolist()) <= {1 << 14, 1 << 14 | 1 << 9}
+        assert np.count_nonzero(flips) == 3 and set(flips[flips != 0].tolist()) <= {1 << bit, 1 << bit | 1 << 9}
 
 
 def test_faults_need_an_item_s_prompt(tiny):

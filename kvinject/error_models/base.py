@@ -155,6 +155,12 @@ class ErrorModel(ABC):
         parameters differ from layer to layer."""
         self.apply(x, draws)
 
+    def stored(self, cache: CacheOptions, components: str) -> ErrorModel:
+        """The model as it acts on the values a cache of these types stores for ``components``
+        ("k", "v" or "kv"): itself, or one resolved to the stored format (bit flips); raises
+        SpecError where the two do not go together. Checked when a configuration is parsed."""
+        return self
+
     def fit(self, model: Model, cache: CacheOptions) -> ErrorModel:
         """The model as a context of ``model`` applies it: calibrated on the model where it needs
         to be (kvquant's K ranges), itself otherwise."""

@@ -29,7 +29,7 @@ class Configuration:
         model = parse_error(error)
         target = (target or Target()) if model.injects else Target()  # no error, no target
         check_selection(model, target)
-        model.stored(cache, target.components)
+        model = model.stored(cache, target.components)
         return cls(model, target, cache)
 
     def check(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int) -> None:

@@ -85,12 +85,12 @@ class RealizedStats:
         if np.count_nonzero(b) < b.size:
             nonzero = b != 0
             b, a, diff = b[nonzero], a[nonzero], diff[nonzero]
-        with np.errstate(over="ignore"):  # past float32 (a flipped f32 exponent bit): inf, as the compiled path has it
+        with np.errstate(over="ignore"):  # past float32 (a flipped exponent bit): inf, as the compiled path has it
             rel = diff / b
+            self.sign_flips += int(np.count_nonzero(a * b < 0))  # a value rounded to zero is no flip
         self.rel_n += rel.size
         self.rel_sum += float(rel.sum(dtype=np.float64))
         self.rel_sumsq += sumsq(rel)
-        self.sign_flips += int(np.count_nonzero(a * b < 0))  # a value rounded to zero is no flip
 
     @classmethod
     def from_sums(cls, sums: np.ndarray) -> RealizedStats:

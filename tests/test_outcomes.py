@@ -72,9 +72,8 @@ def test_bitflip_at_one_bit_flips_only_that_bit_of_the_stored_format(fmt, bit):
     assert set(np.unique(flipped).tolist()) == {0, 1 << bit}
     assert np.mean(flipped != 0) == pytest.approx(0.1, abs=0.01)
     assert np.array_equal(model.unchanged(x) != y, flipped != 0), "realized statistics see the flips, not the rounding"
-    assert model.spec == f"bitflip:0.1,field=any,bit={bit},format={fmt}" and parse_error("bitflip:0.1").spec == "bitflip:0.1,field=any", (
-        "specs without bit= or format= stay as they were"
-    )
+    assert model.spec == f"bitflip:0.1,field=any,bit={bit}" + ("" if fmt == "f16" else f",format={fmt}")
+    assert parse_error("bitflip:0.1").spec == "bitflip:0.1,field=any", "specs without bit= stay as they were"
 
 
 @pytest.mark.parametrize(
@@ -96,15 +95,16 @@ def test_the_stored_format_is_the_cache_s():
         config = Configuration.parse(spec, Target.parse(target))
         return config.error.stored(config.cache, target).spec
 
-    assert stored("bitflip:0.1") == "bitflip:0.1,field=any,format=f16"
-    assert stored("bitflip:0.1@q8_0") == "bitflip:0.1,field=any,format=f16", "a quantized cache quantizes the fp16 value"
+    assert stored("bitflip:0.1") == "bitflip:0.1,field=any", "fp16 keeps its spec and store keys"
+    assert stored("bitflip:0.1@q8_0") == "bitflip:0.1,field=any", "a quantized cache: fp16, as before"
+    assert Configuration.parse("bitflip:0.1@f32").label == "bitflip:0.1,field=any,format=f32 @f32", "not the key of fp16 flips in an f32 cache"
     assert stored("faults:2,bit=30@f32") == "faults:2,field=any,bit=30,format=f32"
     assert stored("bitflip:0.1@f32/f16", "k") == "bitflip:0.1,field=any,format=f32"
     assert stored("bitflip:0.1,format=bf16@f32") == "bitflip:0.1,field=any,format=bf16", "a named format wins"
     with pytest.raises(SpecError, match="bit 20 is beyond the 16 bits of f16"):
         Configuration.parse("bitflip:0.1,bit=20")
-    with pytest.raises(SpecError, match="stores K as f32 and V as f16: target one"):
-        Configuration.parse("bitflip:0.1@f32/f16")
+    with pytest.raises(SpecError, match=r"stores K as f32 and V as q8_0 \(flipped as f32 and f16\): target one"):
+        Configuration.parse("bitflip:0.1@f32/q8_0")
     with pytest.raises(SpecError, match=r"bit must be in 0..15 \(the bits of bf16\)"):
         parse_error("bitflip:0.1,bit=16,format=bf16")
 

@@ -158,7 +158,7 @@ class ErrorModel(ABC):
     def stored(self, cache: CacheOptions, components: str) -> ErrorModel:
         """The model as it acts on the values a cache of these types stores for ``components``
         ("k", "v" or "kv"): itself, or one resolved to the stored format (bit flips); raises
-        SpecError where the two do not go together. Checked when a configuration is parsed."""
+        SpecError where the two do not go together. A configuration holds the model so resolved."""
         return self
 
     def fit(self, model: Model, cache: CacheOptions) -> ErrorModel:
@@ -168,7 +168,7 @@ class ErrorModel(ABC):
 
     def unchanged(self, x: np.ndarray) -> np.ndarray:
         """The values the realized statistics measure the change from: ``x`` itself, or the
-        value a model starts from where it is not ``x`` (bit flips act on the fp16 value)."""
+        value a model starts from where it is not ``x`` (bit flips act on the stored format's)."""
         return x
 
     @property

@@ -1,7 +1,7 @@
 """Bit flips in the stored float representation (hardware-fault studies): at a rate, or a fixed
-number per item. The format is the cache's: fp16 for an f16 cache (the default) and for a
-quantized one (whose blocks are not modeled: the flips act on the fp16 value it quantizes),
-bf16 or f32 for those caches, unless ``format=`` names one."""
+number per item. The format is the cache's: fp16 for an f16 cache (the default), bf16 or f32
+for those caches, unless ``format=`` names one. A quantized cache keeps fp16, as before: its
+blocks' bits are not modeled (llama.cpp quantizes the float32 value, here flipped as fp16)."""
 
 from __future__ import annotations
 
@@ -96,17 +96,19 @@ class _Flips(ErrorModel):
     def stored(self, cache: CacheOptions, components: str) -> ErrorModel:
         fmt = self.format
         if fmt is None:
-            # A quantized cache quantizes the value as it comes, so its flips act on the fp16 one.
-            formats = {c: t if t in FORMATS else "f16" for c, t in (("k", cache.type_k), ("v", cache.type_v)) if c in components}
+            types = {c: t for c, t in (("k", cache.type_k), ("v", cache.type_v)) if c in components}
+            formats = {c: t if t in FORMATS else "f16" for c, t in types.items()}  # a quantized cache's blocks: fp16, as before
             if len(set(formats.values())) > 1:
                 raise SpecError(
-                    f"'{self.name}' flips bits of the stored format, and this cache stores K as {formats['k']} and V as "
-                    f"{formats['v']}: target one (--target k or v) or name the format (format=f16, bf16 or f32)"
+                    f"'{self.name}' flips bits of the stored format, and this cache stores K as {types['k']} and V as {types['v']} "
+                    f"(flipped as {formats['k']} and {formats['v']}): target one (--target k or v) or name the format (format=f16, bf16 or f32)"
                 )
             fmt = next(iter(formats.values()))
         if self.bit is not None and self.bit >= FORMATS[fmt].width:
             raise SpecError(f"'{self.name}': bit {self.bit} is beyond the {FORMATS[fmt].width} bits of {fmt}, the stored format here (an f32 cache has 32)")
-        return replace(self, format=fmt)
+        # fp16 keeps the spec it had (and the store keys); another format is in the spec, so that
+        # results from before bit flips followed the cache (fp16 bits in an f32 cache) keep theirs.
+        return self if fmt == "f16" and self.format is None else replace(self, format=fmt)
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         bits = self._format.encode(x)

@@ -86,7 +86,9 @@ def _parse_indices(text: str | None, noun: str, limit: int) -> frozenset[int] | 
             last = parse_int(noun, hi) if sep else first
         except SpecError:
             raise SpecError(f"bad --{noun}s '{text}': use {noun} numbers and ranges, e.g. 0-3,10") from None
-        if first < 0 or last < first:
+        if last < first:
+            raise SpecError(f"bad --{noun}s '{text}': '{part.strip()}' counts down: write {last}-{first}")
+        if first < 0:
             raise SpecError(f"bad --{noun}s '{text}': '{part.strip()}' is not a range of {noun}s >= 0")
         if last > limit:  # before a set of a billion layers is made
             raise SpecError(f"bad --{noun}s '{text}': {noun} {last} is beyond any model (at most {limit})")

@@ -18,7 +18,7 @@ from kvinject.config import Configuration
 from kvinject.error_models import REGISTRY, parse_error
 from kvinject.exceptions import KvinjectError
 from kvinject.grid import load_grid
-from kvinject.target import parse_layers
+from kvinject.target import Target, parse_layers
 
 # Derandomized: CI checks the same examples every time; explore with --hypothesis-seed=random.
 FAST = settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -63,6 +63,10 @@ def test_an_error_spec_parses_to_what_it_says_or_fails_cleanly(spec):
 def test_a_configuration_spec_or_layer_list_works_or_fails_cleanly(text, target):
     try:
         Configuration.parse(text)
+    except KvinjectError:
+        pass
+    try:
+        Target.parse(target, text)
     except KvinjectError:
         pass
     try:

@@ -174,7 +174,7 @@ def test_verdict_to_dict_is_json_ready():
 
 
 def test_metrics_needs_verdicts():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no verdicts"):
         metrics([])
 
 

@@ -108,9 +108,9 @@ def test_mcnemar_accepts_01_and_drops_nan_rejects_non_binary() -> None:
     r = mcnemar_exact([1, 1, 0, float("nan")], [0, 1, 0, 1])
     assert (r.n, r.b, r.c) == (3, 1, 0)
     assert r.p_value == pytest.approx(1.0)  # 2 * P(X <= 0), X ~ Bin(1, 0.5), capped at 1
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="needs pass/fail"):
         mcnemar_exact([0.5, 1], [1, 1])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="the same number of items: 3 != 2"):
         mcnemar_exact([0, 1, 1], [1, 1])
 
 
@@ -347,7 +347,7 @@ def test_compare_continuous_and_run_counts() -> None:
     assert r.p_value == pytest.approx(2 / 2**30)  # every item lower: exact two-sided minimum
     # binary single-run per side but flagged continuous: still Wilcoxon
     assert compare_to_control([[1, 0, 1]], [[0, 0, 1]], binary=False).test == "wilcoxon"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must score the same items: 3 != 4"):
         compare_to_control(np.zeros((2, 3)), np.zeros((2, 4)), binary=False)
 
 

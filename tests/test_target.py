@@ -10,9 +10,12 @@ def test_parse_layers_reads_ranges_and_lists() -> None:
     assert format_indices(parse_layers("0-3,10,12-13")) == "0-3,10,12-13"
 
 
-@pytest.mark.parametrize("text", ["a", "3-1", "-2", "1,,x"])
-def test_bad_layers_fail(text: str) -> None:
-    with pytest.raises(SpecError):
+@pytest.mark.parametrize(
+    "text,message",
+    [("a", "use layer numbers and ranges"), ("3-1", "'3-1' counts down: write 1-3"), ("-2", "use layer numbers and ranges"), ("1,,x", "use layer numbers")],
+)
+def test_bad_layers_fail(text: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
         parse_layers(text)
 
 
@@ -21,7 +24,7 @@ def test_target_selects_components_and_layers() -> None:
     assert t.wants("k", 1) and not t.wants("v", 1) and not t.wants("k", 0)
     with pytest.raises(SpecError, match="model has layers 0-1"):
         Target.parse("kv", "2").check(2, 1)
-    with pytest.raises(SpecError):
+    with pytest.raises(SpecError, match="target must be one of kv, k, v, got 'q'"):
         Target.parse("q")
 
 

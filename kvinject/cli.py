@@ -681,7 +681,7 @@ def report(
     df = summarize(records)
     if metric:
         check_metric(df, metric)
-    table = df if all_metrics else study_table(df, metric)
+    table = df if all_metrics else study_table(df, metric, digits=3 if output_format == "table" else 4)
     if output_format == "table":
         parts = [(f"{len(records)} runs from {len(stores)} store(s)", table)] if all_metrics or wide else terminal_tables(table)
         for title, part in parts:
@@ -689,9 +689,10 @@ def report(
             t = Table()
             shown = part.drop(columns=[c for c in ("test", "items_ci", "items_ci_method", "diff_ci", "percent_ci") if c in part.columns])
             for col in shown.columns:
-                t.add_column(str(col), justify="left" if col in ("model", "bench", "metric", "configuration", "label") else "right", overflow="fold")
+                names = col in ("model", "bench", "metric", "configuration", "label")  # kept whole: the numbers fold first
+                t.add_column(str(col), justify="left" if names else "right", overflow="fold", no_wrap=names)
             for row in shown.itertuples(index=False):
-                t.add_row(*(Text(_fmt(v, ".4g") if v is None or isinstance(v, float) else str(v)) for v in row))
+                t.add_row(*(Text(_fmt(v, ".3g") if v is None or isinstance(v, float) else str(v)) for v in row))
             console.print(t)
     else:
         print(render(table, output_format))

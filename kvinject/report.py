@@ -134,16 +134,18 @@ def check_metric(df: pd.DataFrame, metric: str) -> None:
         raise KvinjectError(f"--metric {metric}: no record measured it (token_match and the drift metrics need a control to compare with)")
 
 
-def study_table(df: pd.DataFrame, metric: str | None = None) -> pd.DataFrame:
+def study_table(df: pd.DataFrame, metric: str | None = None, digits: int = 4) -> pd.DataFrame:
     """The study's layout: score and percent of control per bench and configuration, on each
     bench's primary metric (or `metric`), with both confidence intervals, the paired interval of
     percent of control, the paired test's p, and its Benjamini-Hochberg q over the table's rows
-    of that bench and metric (a sweep compares many configurations with one control)."""
+    of that bench and metric (a sweep compares many configurations with one control); the
+    intervals to ``digits`` significant digits (a terminal shows 3)."""
     if df.empty:
         return df
     out = df[primary_rows(df, metric)].copy()
-    out["ci_items"] = out["items_ci"].map(lambda ci: f"{ci[0]:.4g}–{ci[1]:.4g}" if ci and None not in ci else "")
-    out["ci_runs"] = [f"{lo:.4g}–{hi:.4g}" if pd.notna(lo) else "" for lo, hi in zip(out["ci_low"], out["ci_high"])]
+    g = f".{digits}g"
+    out["ci_items"] = out["items_ci"].map(lambda ci: f"{ci[0]:{g}}–{ci[1]:{g}}" if ci and None not in ci else "")
+    out["ci_runs"] = [f"{lo:{g}}–{hi:{g}}" if pd.notna(lo) else "" for lo, hi in zip(out["ci_low"], out["ci_high"])]
     out["percent_ci"] = out["percent_ci"].map(lambda ci: f"{ci[0]:.1f}–{ci[1]:.1f}" if isinstance(ci, list) and all(map(_given, ci)) else "")
     out["p"] = out["test"].map(lambda t: t["p_value"] if isinstance(t, dict) else None)
     q = out.groupby(["bench", "metric"], sort=False)["p"].transform(_q_values)
@@ -182,9 +184,13 @@ def _q_values(p: pd.Series) -> pd.Series:
 
 def varying(df: pd.DataFrame) -> list[str]:
     """The settings beside model, bench and configuration in which rows differ (seed, a bench
-    option, the model file, flash attention, rotation): shown so that no two rows look alike."""
+    option, flash attention, rotation, the model file where one model name has several): shown
+    so that no two rows look alike."""
     settings = ["model_sha256", "seed", *sorted(c for c in df.columns if c.startswith("option.")), "flash_attn", "kv_rotation"]
-    return [c for c in settings if c in df.columns and df[c].astype(str).nunique(dropna=False) > 1]
+    shown = [c for c in settings if c in df.columns and df[c].astype(str).nunique(dropna=False) > 1]
+    if "model_sha256" in shown and "model" in df.columns and df.groupby("model")["model_sha256"].nunique().max() < 2:
+        shown.remove("model_sha256")  # the model names tell the files apart
+    return shown
 
 
 def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -198,14 +204,26 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         shared = [c for c in settings if c in part.columns and part[c].astype(str).nunique(dropna=False) == 1]
         values = {c.removeprefix("option."): part[c].iloc[0] for c in shared if _given(part[c].iloc[0])}
         # An option column holds floats where another bench lacks it (NaN): 3.0 is the limit 3.
-        title = f"{bench}: {metric}, " + ", ".join(f"{k} {int(v) if isinstance(v, float) and v.is_integer() else v}" for k, v in values.items())
-        part = part.assign(score=[f"{m:.4g} ± {s:.3g}" if pd.notna(s) else f"{m:.4g}" for m, s in zip(part["score"], part["std"])])
+        title = ", ".join([f"{bench}: {metric}", *(f"{k} {_setting(v)}" for k, v in values.items())])
+        # A single run has no spread to show: its std is 0 by construction, not a measurement.
+        part = part.assign(score=[f"{m:.3g} ± {s:.2g}" if pd.notna(s) and n > 1 else f"{m:.3g}" for m, s, n in zip(part["score"], part["std"], part["runs"])])
         # Columns nothing fills (every row a control), and q where it can only repeat p (one test).
         empty = [c for c in ("ci_runs", "ci_items", "% control CI", "p", "q") if c in part.columns and not part[c].map(_filled).any()]
         single = ["q"] if "q" in part.columns and part["p"].map(_filled).sum() < 2 else []
         drop = ["bench", "metric", "std", *shared, *empty, *single] + (["nonfinite_items"] if not part["nonfinite_items"].any() else [])
-        parts.append((title, part.drop(columns=[c for c in drop if c in part.columns])))
+        part = part.drop(columns=[c for c in drop if c in part.columns])
+        options = [c for c in part.columns if c.startswith("option.")]
+        part[options] = part[options].map(lambda v: _setting(v) if _given(v) else "-")
+        parts.append((title, part.rename(columns={c: c.removeprefix("option.") for c in options})))
     return parts
+
+
+def _setting(value: object) -> str:
+    """An option as the command line writes it: 1024,2048 for a list; 3 for the limit 3, which an
+    option column holds as 3.0 where another bench lacks it (NaN)."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(_setting, value))
+    return str(int(value) if isinstance(value, float) and value.is_integer() else value)
 
 
 def _filled(value: object) -> bool:

@@ -364,7 +364,7 @@ def test_report_tables_and_a_heatmap_from_a_sweep(tmp_path, tiny_path):
     # Each terminal table's title holds the options its rows share, list-valued ones included.
     out = kvinject("report", store)
     assert out.returncode == 0, out.stderr
-    assert "depths [0, 50, 100]" in out.stdout and "depths [0, 100]" in out.stdout
+    assert "depths 0,50,100" in out.stdout and "depths 0,100" in out.stdout  # as --depths takes them
     # Read back from the store, niah's single-needle accuracy is pass/fail as passkey's is.
     df = summarize(load_records([store]))
     assert set(df[df["metric"] == "accuracy"]["items_ci_method"]) == {"wilson"}

@@ -203,7 +203,6 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         settings = ["model", "model_sha256", "seed", "flash_attn", "kv_rotation", *(c for c in part.columns if c.startswith("option."))]
         shared = [c for c in settings if c in part.columns and part[c].astype(str).nunique(dropna=False) == 1]
         values = {c.removeprefix("option."): part[c].iloc[0] for c in shared if _given(part[c].iloc[0])}
-        # An option column holds floats where another bench lacks it (NaN): 3.0 is the limit 3.
         title = ", ".join([f"{bench}: {metric}", *(f"{k} {_setting(v)}" for k, v in values.items())])
         # A single run has no spread to show: its std is 0 by construction, not a measurement.
         part = part.assign(score=[f"{m:.3g} ± {s:.2g}" if pd.notna(s) and n > 1 else f"{m:.3g}" for m, s, n in zip(part["score"], part["std"], part["runs"])])

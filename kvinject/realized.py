@@ -113,6 +113,8 @@ class RealizedStats:
     def rel_err_std(self) -> float:
         if self.rel_n < 2:
             return math.nan
+        if math.isinf(self.rel_sumsq):  # a relative error past float32 (a flipped exponent bit): no finite spread
+            return math.inf
         var = (self.rel_sumsq - self.rel_sum**2 / self.rel_n) / (self.rel_n - 1)
         return math.sqrt(max(var, 0.0))
 

@@ -3,6 +3,7 @@ float64 reference."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 
 import numpy as np
@@ -73,3 +74,15 @@ def test_both_paths_agree_on_finite_values(values):
     masked.values, masked.sites = b.size, 1
     for key, value in asdict(masked).items():
         assert getattr(fast, key) == pytest.approx(value, rel=1e-9), key
+
+
+def test_an_overflowing_relative_error_is_an_infinite_spread():
+    """A flipped top exponent bit of a small fp32 value makes it about 1e35 times larger: the
+    relative error overflows float32, and the spread reads inf, not inf - inf = NaN."""
+    b = np.full(8, 1e-3, np.float32)
+    a = b.copy()
+    a[0] = (b[:1].view(np.uint32) ^ np.uint32(1 << 30)).view(np.float32)[0]
+    stats = RealizedStats()
+    stats.add(b, a)
+    assert np.isfinite(a[0]) and stats.changed == 1
+    assert stats.rel_err_mean == math.inf and stats.rel_err_std == math.inf

@@ -14,7 +14,7 @@ import pandas as pd
 from .benchmarks import BENCHMARKS
 from .exceptions import KvinjectError
 from .outcomes import METRICS as OUTCOMES
-from .report import primary_rows
+from .report import experiments, primary_rows
 
 
 def _pyplot(option: str) -> Any:
@@ -30,13 +30,16 @@ def _pyplot(option: str) -> Any:
 
 def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
     """Degradation curves: each bench's primary score (or `metric`) against the realized
-    relative error of K (std), one line per error family, with the runs' 95% CI as a band."""
+    relative error of K (std), one line per error family, with the runs' 95% CI as a band; a
+    panel per experiment (a model's bench with its options), a row of them per model when each
+    has the same benches, each against its own control."""
     plt = _pyplot("--plot")
-    table = df[primary_rows(df, metric)]
-    benches = list(dict.fromkeys(table["bench"]))
-    fig, axes = plt.subplots(1, len(benches), figsize=(5 * len(benches), 4), squeeze=False)
-    for ax, bench in zip(axes[0], benches):
-        rows = table[table["bench"] == bench]
+    panels = experiments(df[primary_rows(df, metric)])
+    columns = min(len(panels), len(set(df["bench"])))
+    fig, axes = plt.subplots(math.ceil(len(panels) / columns), columns, figsize=(5 * columns, 4 * math.ceil(len(panels) / columns)), squeeze=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
+    for ax, (title, rows) in zip(axes.flat, panels):
         control = rows.iloc[0]
         ax.axhline(control["mean"], color="gray", linestyle="--", label=f"control ({control['label']})")
         families = rows.iloc[1:].assign(family=lambda d: d["label"].str.split(":").str[0])
@@ -49,8 +52,8 @@ def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
             # One run has no interval across runs: no band there, rather than one of zero width.
             ax.fill_between(x, part["ci_low"], part["ci_high"], where=part["ci_low"].notna(), alpha=0.2)
         ax.set_xlabel("realized relative error of K (std)")
-        ax.set_ylabel(metric or BENCHMARKS[bench].primary)
-        ax.set_title(bench)
+        ax.set_ylabel(metric or BENCHMARKS[control["bench"]].primary)
+        ax.set_title(title, fontsize="small")
         ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -159,10 +162,11 @@ def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
         from adjustText import adjust_text
     except ImportError:
         raise KvinjectError("--frontier needs adjustText: pip install 'kvinject[plot]'") from None
-    panels = list(table.groupby(["model", "bench"], sort=False))
+    panels = experiments(table)
     fig, axes = plt.subplots(1, len(panels), figsize=(8.5 * len(panels), 5.5), squeeze=False, layout="constrained")
     colours = {f: plt.cm.tab10(i % 10) for i, f in enumerate(dict.fromkeys(map(family, table["label"])))}
-    for ax, ((model, bench), rows) in zip(axes[0], panels):
+    for ax, (title, rows) in zip(axes[0], panels):
+        model, bench = rows.iloc[0][["model", "bench"]]
         x = np.array([bits.get((model, bench, label), np.nan) for label in rows["label"]])
         y = rows["mean"].to_numpy(float)
         texts = []
@@ -185,7 +189,7 @@ def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
         ax.legend(unique.values(), unique.keys(), fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: labels go anywhere
         ax.set_xlabel("bits per K/V element")
         ax.set_ylabel(shown)
-        ax.set_title(f"{Path(str(model)).name}: {bench}", fontsize="small")
+        ax.set_title(title, fontsize="small")
         # Compressors crowd at equal bits (8.5: q8_0, kivi:4, quant:8): labels moved apart, a line to each point.
         adjust_text(texts, x=x[ok], y=y[ok], ax=ax, arrowprops={"arrowstyle": "-", "color": "gray", "lw": 0.5})
     fig.savefig(path, dpi=120)
@@ -218,10 +222,10 @@ def outcomes(df: pd.DataFrame, path: Path) -> None:
     if rows.empty:
         raise KvinjectError("--outcomes needs the per-item outcomes that generation benchmarks record against the control; these records have none")
     plt = _pyplot("--outcomes")
-    panels = list(rows.groupby(["model", "bench"], sort=False))
+    panels = experiments(rows)
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.45 * rows["label"].nunique() + 2), 3.6 * len(panels)), squeeze=False, layout="constrained")
     colours = {"masked": "#4c9f70", "benign": "#9ecae1", "sdc": "#e6550d", "due": "#636363"}
-    for ax, ((model, bench), part) in zip(axes[:, 0], panels):
+    for ax, (title, part) in zip(axes[:, 0], panels):
         table = part.pivot_table(index="label", columns="metric", values="mean", sort=False).reindex(columns=list(OUTCOMES)).fillna(0)
         bottom = np.zeros(len(table))
         for name in OUTCOMES:
@@ -230,7 +234,7 @@ def outcomes(df: pd.DataFrame, path: Path) -> None:
         ax.set_xticks(range(len(table)), table.index, rotation=60, ha="right", fontsize="x-small")
         ax.set_ylabel("share of items")
         ax.set_ylim(0, 1)
-        ax.set_title(f"{Path(str(model)).name}: {bench}, outcomes against the control", fontsize="small")
+        ax.set_title(f"{title}, outcomes against the control", fontsize="small")
         ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -217,6 +217,23 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return parts
 
 
+def experiments(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The rows of each experiment (model file, bench, options, seed, backend) in summarize's
+    order, its control first, titled by the model's name, the bench and the settings that tell it
+    apart from the other experiments on that bench: a figure's panels, each against its own control."""
+    keys = [c for c in ("model_sha256", "bench", "seed", "flash_attn", "kv_rotation") if c in df.columns]
+    keys += sorted(c for c in df.columns if c.startswith("option."))
+    groups = [rows for _, rows in df.groupby(df[keys].apply(lambda row: repr(list(row)), axis=1), sort=False)]
+    firsts = pd.DataFrame([rows.iloc[0] for rows in groups])
+    titled = []
+    for rows in groups:
+        first = rows.iloc[0]
+        shown = varying(firsts[firsts["bench"] == first["bench"]])
+        settings = [f"{c.removeprefix('option.')} {_setting(first[c]) if _given(first[c]) else '-'}" for c in shown]
+        titled.append((", ".join([f"{Path(str(first['model'])).name}: {first['bench']}", *settings]), rows))
+    return titled
+
+
 def _setting(value: object) -> str:
     """An option as the command line writes it: 1024,2048 for a list; 3 for the limit 3, which an
     option column holds as 3.0 where another bench lacks it (NaN)."""

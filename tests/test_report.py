@@ -4,7 +4,8 @@ import math
 
 import pandas as pd
 
-from kvinject.report import study_table, terminal_tables
+from kvinject.plots import plot
+from kvinject.report import experiments, study_table, terminal_tables
 
 
 def _row(model, sha, label, lengths, n=1, family=None):
@@ -51,3 +52,28 @@ def test_a_title_with_nothing_shared_ends_with_the_metric():
     rows[1]["seed"] = 1
     [(title, _)] = terminal_tables(study_table(pd.DataFrame(rows)))
     assert title == "niah: accuracy"
+
+
+def _experiments(models, benches, lengths=(1024,)):
+    return [
+        {**_row(model, sha, label, list(lengths)), "bench": bench, "mean": mean, "realized_k_rel_std": std}
+        for model, sha in models
+        for bench in benches
+        for label, mean, std in (("none", 0.5, None), ("normal:0,0.25", 0.4, 0.25), ("normal:0,0.5", 0.3, 0.5))
+    ]
+
+
+def test_each_experiment_is_a_panel_against_its_own_control(tmp_path):
+    rows = _experiments([("a.gguf", "1" * 12), ("b.gguf", "2" * 12)], ["niah", "passkey"])
+    panels = experiments(pd.DataFrame(rows))
+    assert [title for title, _ in panels] == ["a.gguf: niah", "a.gguf: passkey", "b.gguf: niah", "b.gguf: passkey"]
+    for title, part in panels:
+        assert list(part["label"]) == ["none", "normal:0,0.25", "normal:0,0.5"], "the control first, once"
+        assert part["model"].nunique() == part["bench"].nunique() == 1
+    # The same model and bench with other options is another experiment, titled by what differs.
+    rows += _experiments([("a.gguf", "1" * 12)], ["niah"], lengths=(2048,))
+    titles = [title for title, _ in experiments(pd.DataFrame(rows))]
+    assert titles == ["a.gguf: niah, lengths 1024", "a.gguf: passkey", "b.gguf: niah, lengths 1024", "b.gguf: passkey", "a.gguf: niah, lengths 2048"]
+    png = tmp_path / "curves.png"
+    plot(pd.DataFrame(rows).assign(metric="accuracy"), png)  # five panels on a grid of six
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

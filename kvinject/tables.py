@@ -8,16 +8,24 @@ from rich.table import Table
 from rich.text import Text
 
 
-def fmt(value: object, spec: str = ".4g") -> str:
+def fmt(value: object, spec: str = ".3g") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     return format(value, spec)
 
 
+def span(low: object, high: object, spec: str = ".3g") -> str:
+    """An interval, or "-" where it is undefined (a single run has no interval across runs)."""
+    if fmt(low) == "-" or fmt(high) == "-":
+        return "-"
+    return f"{fmt(low, spec)}–{fmt(high, spec)}"
+
+
 def bench_table(bench: str, primary: str, secondary: tuple[str, ...], aggregates: list[dict[str, object]], wide: bool = False) -> Table:
     """One row per configuration: the primary metric with its spread, CIs, percent of control with
     its paired interval and the paired test; with ``wide``, the secondary metrics' means too.
-    The narrow table fits a 100-column terminal; its caption names what --wide adds."""
+    Numbers to 3 significant digits, as report's terminal tables, so the narrow table fits a
+    100-column terminal unfolded; its caption names what --wide adds."""
     rows = [a for a in aggregates if a["bench"] == bench]
     by_label: dict[str, dict[str, dict[str, object]]] = {}
     for a in rows:
@@ -37,14 +45,16 @@ def bench_table(bench: str, primary: str, secondary: tuple[str, ...], aggregates
             continue
         test = a["test"]
         boot = a["items_ci"] or (None, None)
+        percent = a["percent_ci"] or (None, None)
         cells = [
             Text(label),  # not markup: a label's [k:0-3] is text
             str(a["n"]),
-            f"{fmt(a['mean'])} ± {fmt(a['std'])}",
-            f"{fmt(a['ci_low'])}–{fmt(a['ci_high'])}",
-            f"{fmt(boot[0])}–{fmt(boot[1])}",
+            # A single run's std is 0 by construction, not a measured spread.
+            f"{fmt(a['mean'])} ± {fmt(a['std'], '.2g')}" if a["n"] > 1 else fmt(a["mean"]),
+            span(a["ci_low"], a["ci_high"]),
+            span(*boot),
             fmt(a["percent_of_control"], ".1f"),
-            "–".join(fmt(x, ".1f") for x in a["percent_ci"]) if a["percent_ci"] else "-",
+            span(*percent, ".1f"),
             "control" if label == next(iter(by_label)) else fmt(test["p_value"], ".3g") if test else "-",
             *(fmt(metrics[m]["mean"]) if m in metrics else "-" for m in shown),
         ]

@@ -34,9 +34,10 @@ def bench_table(bench: str, primary: str, secondary: tuple[str, ...], aggregates
     shown = present if wide else []
     nonfinite = any(metrics[primary]["nonfinite_items"] for metrics in by_label.values() if primary in metrics)
     caption = f"--wide adds {', '.join(present)}" if present and not wide else None
-    table = Table(title=f"{bench}: {primary} (p: paired test on items, docs/statistics.md)", title_justify="left", caption=caption, caption_justify="left")
+    title = f"{bench}: {primary} (95% CIs; p: paired test on items, docs/statistics.md)"
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     table.add_column("configuration", overflow="fold")
-    columns = ["runs", "mean ± sd", "95% CI runs", "95% CI items", "% ctl", "% ctl CI", "p vs ctl", *shown] + (["NaN items"] if nonfinite or wide else [])
+    columns = ["runs", "mean ± sd", "CI runs", "CI items", "% ctl", "% ctl CI", "p", *shown] + (["NaN items"] if nonfinite or wide else [])
     for col in columns:
         table.add_column(col, justify="right", overflow="fold")  # wrap, never cut a number short
     for label, metrics in by_label.items():

@@ -372,7 +372,7 @@ def run_command(
         from .tables import bench_table
 
         for b in benches:
-            console.print(bench_table(b.name, b.primary, b.secondary, data["aggregates"], wide))
+            console.print(bench_table(b.name, b.primary, b.secondary, data["aggregates"], wide, console.width))
         if output:
             console.print(f"[dim]results written to {output}")
     if report.interrupted:
@@ -668,17 +668,17 @@ def report(
     from .plots import heatmap as draw_heatmap
     from .plots import outcomes as draw_outcomes
     from .plots import plot as draw
-    from .report import FORMATS, check_metric, load_records, matches, render, study_table, summarize, terminal_tables
+    from .report import FORMATS, check_metric, load_records, render, select, study_table, summarize, terminal_tables
 
     if output_format not in FORMATS:
         raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")
     if metric and all_metrics:
         raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
     check_writable(plot, heatmap, frontier, outcomes)
-    records = [r for r in load_records(stores) if matches(r, filters or [])]
-    if not records:
-        raise KvinjectError("no records match")
+    records = select(load_records(stores), filters or [])
     df = summarize(records)
+    if df.empty:
+        raise KvinjectError("no control to compare these records with: a shard's store may lack it; give report the store that holds it too")
     if metric:
         check_metric(df, metric)
     table = df if all_metrics else study_table(df, metric, digits=3 if output_format == "table" else 4)
@@ -689,11 +689,14 @@ def report(
             t = Table()
             shown = part.drop(columns=[c for c in ("test", "items_ci", "items_ci_method", "diff_ci", "percent_ci") if c in part.columns])
             for col in shown.columns:
-                names = col in ("model", "bench", "metric", "configuration", "label")  # kept whole: the numbers fold first
-                t.add_column(str(col), justify="left" if names else "right", overflow="fold", no_wrap=names)
+                names = col in ("model", "bench", "metric", "configuration", "label")  # fold these first: a number split in two misreads
+                t.add_column(str(col), justify="left" if names else "right", overflow="fold", no_wrap=not names)
+            specs = [".2g" if col in ("p", "q") else ".3g" for col in shown.columns]  # p = 0.0317 says no more than 0.032
             for row in shown.itertuples(index=False):
-                t.add_row(*(Text(_fmt(v, ".3g") if v is None or isinstance(v, float) else str(v)) for v in row))
+                t.add_row(*(Text(_fmt(v, spec) if v is None or isinstance(v, float) else str(v)) for v, spec in zip(row, specs)))
             console.print(t)
+        if not (all_metrics or wide):
+            console.print("--wide: every column in one table (ci_runs: the 95% interval across runs)", style="dim", highlight=False)
     else:
         print(render(table, output_format))
     if plot:

@@ -63,6 +63,32 @@ def matches(record: dict[str, Any], filters: list[str]) -> bool:
     return True
 
 
+def select(records: list[dict[str, Any]], filters: list[str]) -> list[dict[str, Any]]:
+    """The records that match every filter, with the controls of their experiments: a filter on
+    a configuration (error=normal:0,0.25, cache_k=q8_0) keeps what it is compared with. None
+    matching is an error that lists the values each filtered setting takes."""
+    if not records:
+        raise KvinjectError("these stores hold no runs yet")
+    chosen = {id(r) for r in records if matches(r, filters)}
+    if not chosen:
+        taken = {}
+        for f in filters:
+            key = f.partition("=")[0]
+            taken[key] = sorted({str(_flat(r)[key]) for r in records})
+        hint = "; ".join(f"{k} takes {', '.join(v[:12])}{', ...' if len(v) > 12 else ''}" for k, v in taken.items())
+        raise KvinjectError(f"no records match {' '.join(filters)}: {hint}")
+    compared = {_experiment(r) for r in records if id(r) in chosen}
+    return [r for r in records if id(r) in chosen or (r["settings"].get("control") and _experiment(r) in compared)]
+
+
+def _experiment(record: dict[str, Any]) -> str:
+    """What a record is compared within: model file, bench, options, seed and the backend
+    settings labels leave out (flash attention, rotation, as requested: one per run or grid)."""
+    s = record["settings"]
+    backend = [s["cache"].get(k) for k in ("flash_attn", "kv_rotation")]
+    return repr((s["model_sha256"], s["bench"], sorted(s["options"].items()), s["seed"], backend))
+
+
 def _result(record: dict[str, Any]) -> RunResult:
     s = record["settings"]
     config = Configuration(parse_error(s["error"]), Target.parse(s["target"], s["layers"], s.get("positions"), s.get("heads")), CacheOptions(**s["cache"]))
@@ -80,15 +106,11 @@ def _result(record: dict[str, Any]) -> RunResult:
 
 
 def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per (experiment, configuration, metric); an experiment shares model, bench,
-    options, seed and the backend settings labels leave out (flash attention, rotation, as
-    requested: one per run or grid), and is compared with its own control."""
+    """One row per (experiment, configuration, metric), each experiment (:func:`_experiment`)
+    compared with its own control."""
     experiments: dict[str, list[dict[str, Any]]] = {}
     for r in records:
-        s = r["settings"]
-        backend = [s["cache"].get(k) for k in ("flash_attn", "kv_rotation")]
-        key = repr((s["model_sha256"], s["bench"], sorted(s["options"].items()), s["seed"], backend))
-        experiments.setdefault(key, []).append(r)
+        experiments.setdefault(_experiment(r), []).append(r)
     rows = []
     for group in experiments.values():
         controls = [r for r in group if r["settings"].get("control")]
@@ -194,12 +216,13 @@ def varying(df: pd.DataFrame) -> list[str]:
 
 
 def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """The study table cut per bench and metric to fit a terminal: what every row of a part
-    shares (the model, a seed, an option) goes to its title, the model by its file name, the
-    score with its std, the NaN column only where an item had NaN/Inf."""
+    """The study table cut per bench, metric and model to fit a 100-column terminal: what every
+    row of a part shares (the model by its file name, a seed, an option) goes to its title, the
+    score with its std, the NaN column only where an item had NaN/Inf; the interval across runs
+    is left to --wide (the std gives the runs' spread)."""
     parts = []
-    for (bench, metric), part in table.groupby(["bench", "metric"], sort=False):
-        part = part.assign(model=part["model"].map(lambda m: Path(str(m)).name))
+    table = table.assign(model=table["model"].map(lambda m: Path(str(m)).name))
+    for (bench, metric, _), part in table.groupby(["bench", "metric", "model"], sort=False):
         settings = ["model", "model_sha256", "seed", "flash_attn", "kv_rotation", *(c for c in part.columns if c.startswith("option."))]
         shared = [c for c in settings if c in part.columns and part[c].astype(str).nunique(dropna=False) == 1]
         values = {c.removeprefix("option."): part[c].iloc[0] for c in shared if _given(part[c].iloc[0])}
@@ -207,13 +230,14 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         # A single run has no spread to show: its std is 0 by construction, not a measurement.
         part = part.assign(score=[f"{m:.3g} ± {s:.2g}" if pd.notna(s) and n > 1 else f"{m:.3g}" for m, s, n in zip(part["score"], part["std"], part["runs"])])
         # Columns nothing fills (every row a control), and q where it can only repeat p (one test).
-        empty = [c for c in ("ci_runs", "ci_items", "% control CI", "p", "q") if c in part.columns and not part[c].map(_filled).any()]
+        empty = [c for c in ("ci_items", "% control CI", "p", "q") if c in part.columns and not part[c].map(_filled).any()]
         single = ["q"] if "q" in part.columns and part["p"].map(_filled).sum() < 2 else []
-        drop = ["bench", "metric", "std", *shared, *empty, *single] + (["nonfinite_items"] if not part["nonfinite_items"].any() else [])
+        drop = ["bench", "metric", "std", "ci_runs", *shared, *empty, *single] + (["nonfinite_items"] if not part["nonfinite_items"].any() else [])
         part = part.drop(columns=[c for c in drop if c in part.columns])
         options = [c for c in part.columns if c.startswith("option.")]
         part[options] = part[options].map(lambda v: _setting(v) if _given(v) else "-")
-        parts.append((title, part.rename(columns={c: c.removeprefix("option.") for c in options})))
+        names = {c: c.removeprefix("option.") for c in options} | {"% control": "% ctl", "% control CI": "% ctl CI"}
+        parts.append((title, part.rename(columns=names)))
     return parts
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -21,25 +22,41 @@ def span(low: object, high: object, spec: str = ".3g") -> str:
     return f"{fmt(low, spec)}–{fmt(high, spec)}"
 
 
-def bench_table(bench: str, primary: str, secondary: tuple[str, ...], aggregates: list[dict[str, object]], wide: bool = False) -> Table:
+def bench_table(
+    bench: str, primary: str, secondary: tuple[str, ...], aggregates: list[dict[str, object]], wide: bool = False, width: int | None = None
+) -> Table:
     """One row per configuration: the primary metric with its spread, CIs, percent of control with
     its paired interval and the paired test; with ``wide``, the secondary metrics' means too.
-    Numbers to 3 significant digits, as report's terminal tables, so the narrow table fits a
-    100-column terminal unfolded; its caption names what --wide adds."""
+    Numbers to 3 significant digits, as report's terminal tables. Where the narrow table is wider
+    than ``width`` (the terminal's), the interval across runs goes (the std gives the runs'
+    spread) and then the configurations fold: a number split in two misreads. Its caption
+    names what --wide adds."""
     rows = [a for a in aggregates if a["bench"] == bench]
     by_label: dict[str, dict[str, dict[str, object]]] = {}
     for a in rows:
         by_label.setdefault(a["label"], {})[a["metric"]] = a
     present = [m for m in (*secondary, "bits") if any(m in metrics for metrics in by_label.values())]
-    shown = present if wide else []
     nonfinite = any(metrics[primary]["nonfinite_items"] for metrics in by_label.values() if primary in metrics)
-    caption = f"--wide adds {', '.join(present)}" if present and not wide else None
+    if wide:
+        return _table(bench, primary, by_label, present, True, [], None)
+    table = _table(bench, primary, by_label, [], nonfinite, [], present)
+    if width and Console(width=10_000).measure(table).maximum > width:  # its natural width
+        table = _table(bench, primary, by_label, [], nonfinite, ["CI runs"], ["CI runs", *present])
+    return table
+
+
+def _table(
+    bench: str, primary: str, by_label: dict[str, dict[str, dict[str, object]]], shown: list[str], nan: bool, left: list[str], added: list[str] | None
+) -> Table:
+    """The table with the secondary metrics `shown`, the NaN column if `nan`, without the columns
+    `left`, and a caption naming what --wide `added`."""
+    caption = f"--wide adds {', '.join(added)}" if added else None
     title = f"{bench}: {primary} (95% CIs; p: paired test on items, docs/statistics.md)"
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     table.add_column("configuration", overflow="fold")
-    columns = ["runs", "mean ± sd", "CI runs", "CI items", "% ctl", "% ctl CI", "p", *shown] + (["NaN items"] if nonfinite or wide else [])
+    columns = [c for c in ("runs", "mean ± sd", "CI runs", "CI items", "% ctl", "% ctl CI", "p") if c not in left] + shown + (["NaN"] if nan else [])
     for col in columns:
-        table.add_column(col, justify="right", overflow="fold")  # wrap, never cut a number short
+        table.add_column(col, justify="right", overflow="fold")
     for label, metrics in by_label.items():
         a = metrics.get(primary)
         if a is None:
@@ -47,17 +64,17 @@ def bench_table(bench: str, primary: str, secondary: tuple[str, ...], aggregates
         test = a["test"]
         boot = a["items_ci"] or (None, None)
         percent = a["percent_ci"] or (None, None)
-        cells = [
-            Text(label),  # not markup: a label's [k:0-3] is text
-            str(a["n"]),
+        cells = {
+            "runs": str(a["n"]),
             # A single run's std is 0 by construction, not a measured spread.
-            f"{fmt(a['mean'])} ± {fmt(a['std'], '.2g')}" if a["n"] > 1 else fmt(a["mean"]),
-            span(a["ci_low"], a["ci_high"]),
-            span(*boot),
-            fmt(a["percent_of_control"], ".1f"),
-            span(*percent, ".1f"),
-            "control" if label == next(iter(by_label)) else fmt(test["p_value"], ".3g") if test else "-",
-            *(fmt(metrics[m]["mean"]) if m in metrics else "-" for m in shown),
-        ]
-        table.add_row(*cells, *([str(a["nonfinite_items"])] if nonfinite or wide else []))
+            "mean ± sd": f"{fmt(a['mean'])} ± {fmt(a['std'], '.2g')}" if a["n"] > 1 else fmt(a["mean"]),
+            "CI runs": span(a["ci_low"], a["ci_high"]),
+            "CI items": span(*boot),
+            "% ctl": fmt(a["percent_of_control"], ".1f"),
+            "% ctl CI": span(*percent, ".1f"),
+            "p": "control" if label == next(iter(by_label)) else fmt(test["p_value"], ".3g") if test else "-",
+            "NaN": str(a["nonfinite_items"]),
+            **{m: fmt(metrics[m]["mean"]) if m in metrics else "-" for m in shown},
+        }
+        table.add_row(Text(label), *(cells[c] for c in columns))  # the label as text, not markup: [k:0-3]
     return table

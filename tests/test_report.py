@@ -3,9 +3,11 @@
 import math
 
 import pandas as pd
+import pytest
 
+from kvinject.exceptions import KvinjectError
 from kvinject.plots import plot
-from kvinject.report import experiments, study_table, terminal_tables
+from kvinject.report import experiments, select, study_table, terminal_tables
 
 
 def _row(model, sha, label, lengths, n=1, family=None):
@@ -47,11 +49,14 @@ def test_terminal_parts_name_options_as_the_command_line_writes_them():
     assert list(part["ci_items"]) == ["0.123–0.877"] * 2
 
 
-def test_a_title_with_nothing_shared_ends_with_the_metric():
-    rows = [_row("a.gguf", "1" * 12, "none", [1024]), _row("b.gguf", "2" * 12, "none", [2048])]
+def test_each_model_gets_its_own_terminal_table_titled_by_what_its_rows_share():
+    rows = [_row("a.gguf", "1" * 12, "none", [1024]), _row("a.gguf", "1" * 12, "x", [2048], n=3), _row("b.gguf", "2" * 12, "none", [2048])]
     rows[1]["seed"] = 1
-    [(title, _)] = terminal_tables(study_table(pd.DataFrame(rows)))
-    assert title == "niah: accuracy"
+    parts = terminal_tables(study_table(pd.DataFrame(rows)))
+    assert [title for title, _ in parts] == ["niah: accuracy, model a.gguf", "niah: accuracy, model b.gguf, seed 0, lengths 2048"]
+    first = parts[0][1]
+    assert list(first["seed"]) == [0, 1] and list(first["lengths"]) == ["1024", "2048"], "what differs stays a column"
+    assert "ci_runs" not in first.columns and "% ctl" in first.columns, "the interval across runs is --wide's"
 
 
 def _experiments(models, benches, lengths=(1024,)):
@@ -77,3 +82,25 @@ def test_each_experiment_is_a_panel_against_its_own_control(tmp_path):
     png = tmp_path / "curves.png"
     plot(pd.DataFrame(rows).assign(metric="accuracy"), png)  # five panels on a grid of six
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _record(bench, error, cache="f16", control=False):
+    settings = {"model": "m.gguf", "model_sha256": "1" * 64, "bench": bench, "error": error, "target": "kv", "layers": "all", "seed": 0}
+    settings |= {"cache": {"type_k": cache, "type_v": cache, "flash_attn": "auto"}, "options": {"limit": 3}, "control": control}
+    return {"settings": settings, "label": error if cache == "f16" else f"{error} @{cache}"}
+
+
+def test_a_filter_on_configurations_keeps_their_controls():
+    records = [
+        _record("nexttoken", "none", control=True),
+        _record("nexttoken", "normal:0,0.25"),
+        _record("nexttoken", "none", cache="q8_0"),
+        _record("ifeval", "none", control=True),
+        _record("ifeval", "normal:0,0.25"),
+    ]
+    labels = lambda chosen: [(r["settings"]["bench"], r["label"]) for r in chosen]  # noqa: E731
+    assert labels(select(records, ["error=normal:0,0.25", "bench=ifeval"])) == [("ifeval", "none"), ("ifeval", "normal:0,0.25")]
+    assert labels(select(records, ["cache_k=q8_0"])) == [("nexttoken", "none"), ("nexttoken", "none @q8_0")]
+    assert labels(select(records, ["bench=nexttoken"])) == labels(records[:3])
+    with pytest.raises(KvinjectError, match=r"no records match error=none@q8_0: error takes none, normal:0,0.25$"):
+        select(records, ["error=none@q8_0"])

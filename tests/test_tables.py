@@ -42,3 +42,17 @@ def test_single_runs_show_no_spread_and_rows_fit_a_terminal():
     assert [c[4] for c in cells] == ["0.181–0.567", "0.025–0.275", "0.219–0.613"]
     assert [c[6] for c in cells] == ["-", "11.1–100.0", "81.2–143.8"]
     assert [c[7] for c in cells] == ["control", "0.115", "0.5"]
+
+
+def test_long_configurations_fold_and_the_interval_across_runs_makes_room():
+    labels = ["none", "kvquant:4,site=post-rope,outliers=0.01,sinks=4,calib=512", "evict:streaming,0.5,sinks=4", "bitflip:0.001,field=exponent"]
+    aggregates = [_aggregate(label, 2, 0.2, 0.0707, (-0.43531, 0.83531), [0.0615, 0.79214], [50.0, 100.0], 0.157) | {"nonfinite_items": 1} for label in labels]
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(bench_table("ifeval", "prompt_level_strict_acc", (), aggregates, width=100))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 100
+    numbers = [[c.strip() for c in row.strip("│").split("│")[1:]] for row in text.splitlines() if row.startswith("│")]
+    assert [row for row in numbers if row[0]] == [["2", "0.2 ± 0.071", "0.0615–0.792", "57.1", "50.0–100.0", "control", "1"]] + [
+        ["2", "0.2 ± 0.071", "0.0615–0.792", "57.1", "50.0–100.0", "0.157", "1"]
+    ] * 3, "every number whole on its row, the NaN count kept"
+    assert "--wide adds CI runs" in text

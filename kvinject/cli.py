@@ -458,9 +458,19 @@ def sweep(
         try:
             written = _run_sweep(sw)
         except KeyboardInterrupt:
-            Console(stderr=True).print(f"[yellow]interrupted: every finished run is in {store_path}; resume with: {resume}")
+            _interrupted(store_path, resume)
             raise typer.Exit(130)
-    console.print(f"{written} runs written to {store_path}, nothing left to run; report with: kvinject report {store_path}")
+    console.print(f"{written} runs written to {store_path}, nothing left to run; report with: kvinject report {store_path}", soft_wrap=True)
+
+
+def _interrupted(store: Path, resume: str) -> None:
+    # Perplexity scores a batch of runs (up to 16) together, chunk by chunk: none of them is
+    # finished until the last chunk, and an interrupt loses them all.
+    Console(stderr=True).print(
+        f"[yellow]interrupted: every finished run is in {store}; the runs under way were not finished "
+        f"(perplexity finishes a batch of runs together) and start again with: {resume}",
+        soft_wrap=True,
+    )
 
 
 def _run_sweep(sw) -> int:
@@ -530,7 +540,7 @@ def profile(
         try:
             _run_sweep(Sweep(grid, s))
         except KeyboardInterrupt:
-            Console(stderr=True).print(f"[yellow]interrupted: every finished run is in {grid.path}; the same command resumes")
+            _interrupted(grid.path, "the same command")
             raise typer.Exit(130)
     table = sensitivity(load_records([grid.path]), err, metric, by_head)
     name = Path(grid.cells[0].model).name

@@ -29,6 +29,8 @@ class Configuration:
         model = parse_error(error)
         target = (target or Target()) if model.injects else Target()  # no error, no target
         check_selection(model, target)
+        if isinstance(model, CacheResident):
+            model.check_target(target, cache)
         model = model.stored(cache, target.components)
         return cls(model, target, cache)
 

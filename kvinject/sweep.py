@@ -217,7 +217,7 @@ class Sweep:
         golden = bench.golden(stored_control) if stored_control is not None else None
         plan = [(control.config, [0] if golden is None else [])] + [(p.cell.config, p.runs) for p in members if not p.cell.control]
         by_config = {p.cell.config: p for p in members}
-        advance = progress(f"{bench.name} {cell0.model}", bench.work(plan)) if progress else (lambda n: None)
+        advance = progress(f"{bench.name} {Path(cell0.model).stem}", bench.work(plan)) if progress else (lambda n: None)  # a path would crowd out the bar
         written = 0
         for result in bench.evaluate(model, plan, cell0.seed, advance, golden):
             p = by_config.get(result.config)

@@ -86,7 +86,6 @@ def test_bitflip_touches_only_its_field(field: str, mask: int, x: np.ndarray) ->
 @pytest.mark.parametrize(
     "spec,message",
     [
-        ("gaussian:0,1", "unknown error model"),
         ("normal:0", "needs a value for 'std'"),
         ("normal:0,abc", "std must be a number"),
         ("normal:0,1_000", "std must be a number, got '1_000'"),
@@ -106,6 +105,16 @@ def test_bad_specs_say_what_is_wrong_and_show_the_valid_form(spec: str, message:
     with pytest.raises(SpecError, match=message) as info:
         parse_error(spec)
     assert "valid form" in str(info.value).lower()
+
+
+@pytest.mark.parametrize("spec,nearest", [("normall:0,1", "normal"), ("normal 0,1", "normal"), ("Kivi2:2", "kivi"), ("gaussian:0,1", None)])
+def test_an_unknown_model_is_one_line_naming_the_nearest_and_every_model(spec: str, nearest: str | None) -> None:
+    with pytest.raises(SpecError, match=f"unknown error model '{spec.partition(':')[0]}'") as info:
+        parse_error(spec)
+    message = str(info.value)
+    assert "\n" not in message
+    assert (f"did you mean {nearest}?" in message) if nearest else ("did you mean" not in message)
+    assert message.endswith(f"the models are {', '.join(REGISTRY)} (`kvinject errors` explains them)")
 
 
 def test_draws_are_independent_of_how_they_are_sliced() -> None:

@@ -25,6 +25,7 @@ from llama_cpp import llama_cpp as ll
 from kvinject import ggml
 from kvinject.batching import generate_all
 from kvinject.bits import bits_per_element
+from kvinject.config import Configuration
 from kvinject.error_models import parse_error
 from kvinject.exceptions import SpecError
 from kvinject.options import CacheOptions
@@ -359,6 +360,9 @@ def test_eviction_works_on_quantized_caches(tiny):
 def test_what_eviction_cannot_do_is_refused_in_one_line(tiny, cache, target, message):
     with pytest.raises(SpecError, match=message):
         tiny.context(cache, parse_error("evict:h2o,0.2"), target)
+    # and when the configuration is parsed, before any run: run, sweep and divergence parse first
+    with pytest.raises(SpecError, match=message):
+        Configuration.parse("evict:h2o,0.2", target, cache)
 
 
 @pytest.mark.parametrize(

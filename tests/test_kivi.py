@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kvinject.batching import generate_all
+from kvinject.config import Configuration
 from kvinject.error_models import parse_error
 from kvinject.exceptions import SpecError
 from kvinject.options import CacheOptions
@@ -186,6 +187,8 @@ def test_prompt_pieces_change_what_later_pieces_attend_to_but_not_where_kivi_end
 def test_quantized_caches_are_refused_in_one_line(tiny, cache, target, message):
     with pytest.raises(SpecError, match=message):
         tiny.context(cache, parse_error("kivi:2"), target)
+    with pytest.raises(SpecError, match=message):  # and before any run
+        Configuration.parse("kivi:2", target, cache)
 
 
 def test_a_quantized_cache_kivi_does_not_touch_is_fine(tiny):

@@ -11,10 +11,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import REGISTRY, CacheResident, Draws, ErrorModel, Multiplicative, parse_error, register, valid_forms
+from .base import REGISTRY, CacheResident, Draws, ErrorModel, Multiplicative, parse_error, register
 from .none import NoError
 
 for _module in pkgutil.walk_packages(__path__, __name__ + "."):
     importlib.import_module(_module.name)
 
-__all__ = ["REGISTRY", "CacheResident", "Draws", "ErrorModel", "Multiplicative", "NoError", "parse_error", "register", "valid_forms"]
+__all__ = ["REGISTRY", "CacheResident", "Draws", "ErrorModel", "Multiplicative", "NoError", "parse_error", "register"]

@@ -10,6 +10,7 @@ random-number call.
 
 from __future__ import annotations
 
+import difflib
 from abc import ABC, abstractmethod
 from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
@@ -248,8 +249,13 @@ class CacheResident(ErrorModel):
         """Needs each decode's attention weights (:meth:`ResidentCache.attention`)."""
         return False
 
+    def check_target(self, target: Target, cache: CacheOptions) -> None:
+        """Refuse, in one line, a target or cache this transform cannot work with: when a
+        configuration is parsed, before anything runs (and again by :meth:`check`)."""
+
     def check(self, model: Model, target: Target, cache: CacheOptions) -> None:
-        """Refuse, in one line, a model or cache this transform cannot work on."""
+        """Refuse, in one line, a model, target or cache this transform cannot work on."""
+        self.check_target(target, cache)
 
     @abstractmethod
     def after_decode(self, cache: ResidentCache, grown: list[tuple[int, int, int]]) -> None:
@@ -262,7 +268,9 @@ def parse_error(spec: str) -> ErrorModel:
     name, _, rest = spec.strip().partition(":")
     cls = REGISTRY.get(name.strip().lower())
     if cls is None:
-        raise SpecError(f"unknown error model '{name}' in '{spec}'.\n{valid_forms()}")
+        close = difflib.get_close_matches(name.strip().lower(), REGISTRY, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise SpecError(f"unknown error model '{name}' in '{spec}': {hint}the models are {', '.join(REGISTRY)} (`kvinject errors` explains them)")
     args: list[str] = []
     options: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))) if rest.strip() else ():
@@ -279,7 +287,3 @@ def parse_error(spec: str) -> ErrorModel:
         return cls.parse(args, options)
     except SpecError as e:
         raise SpecError(f"bad error spec '{spec}': {e}\nvalid form: {cls.syntax} (e.g. {cls.example})") from None
-
-
-def valid_forms() -> str:
-    return "Valid forms:\n" + "\n".join(f"  {c.syntax:<44} {c.summary}" for c in REGISTRY.values())

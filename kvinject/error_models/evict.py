@@ -45,7 +45,6 @@ from ..exceptions import SpecError
 from .base import CacheResident, register
 
 if TYPE_CHECKING:
-    from ..model import Model
     from ..options import CacheOptions
     from ..resident import ResidentCache
     from ..target import Target
@@ -123,7 +122,7 @@ class Evict(CacheResident):
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.random(n)
 
-    def check(self, model: Model, target: Target, cache: CacheOptions) -> None:
+    def check_target(self, target: Target, cache: CacheOptions) -> None:
         # Removing a token frees its cell in every layer, K and V alike; values are not edited, so any cache type will do.
         if target.components != "kv" or target.layers is not None:
             raise SpecError(f"'{self.name}' removes whole tokens from every layer's K and V: leave --target and --layers at their defaults")

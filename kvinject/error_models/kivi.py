@@ -64,13 +64,16 @@ class Kivi(CacheResident):
         if self.residual < self.group or self.residual % self.group:
             raise SpecError(f"'kivi': residual must be a multiple of group ({self.group}), got {self.residual}")
 
-    def check(self, model: Model, target: Target, cache: CacheOptions) -> None:
+    def check_target(self, target: Target, cache: CacheOptions) -> None:
         for component, kind in (("k", cache.type_k), ("v", cache.type_v)):
             if component in target.components and kind not in ("f32", "f16", "bf16"):
                 raise SpecError(
                     f"'{self.name}' changes {component.upper()} in the cache, which cannot be done in a {kind} cache: "
                     f"use --cache-type-{component} f16 (or f32, bf16)"
                 )
+
+    def check(self, model: Model, target: Target, cache: CacheOptions) -> None:
+        super().check(model, target, cache)
         if "v" in target.components and model.head_dim_v % self.group:
             raise SpecError(f"'{self.name}': group {self.group} does not divide the head dimension {model.head_dim_v} that V is quantized along")
 

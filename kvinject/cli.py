@@ -279,8 +279,12 @@ def _bench_flags(func):
             continue
         if name in signature.parameters:  # a benchmark author's mistake, caught by the tests
             raise TypeError(f"the option '{name}' of {', '.join(b for _, b, _ in owners)} is already a `kvinject run` option: rename it")
-        # Strings, so that Options.parse sees what was typed (typer would take 1_000 and nan).
-        kind = Optional[list[str]] if value_type(owners[0][0], name)[1] else Optional[str]
+        # Strings, so that Options.parse sees what was typed (typer would take 1_000 and nan); a
+        # yes/no option is a flag pair (--chat/--no-chat), unset unless given.
+        typ, many = value_type(owners[0][0], name)
+        kind = Optional[bool] if typ is bool else Optional[list[str]] if many else Optional[str]
+        names = [f"{flag(name)}/--no-{flag(name)[2:]}"] if typ is bool else [flag(name)]
+        shown = {} if typ is bool else {"metavar": metavar(owners[0][0], name)}
         helps: dict[str, list[str]] = {}
         for _, bench, f in owners:
             default = shown_default(f)
@@ -291,7 +295,7 @@ def _bench_flags(func):
                 name,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=None,
-                annotation=Annotated[kind, typer.Option(flag(name), help=text, metavar=metavar(owners[0][0], name))],
+                annotation=Annotated[kind, typer.Option(*names, help=text, **shown)],
             )
         )
     names = [p.name for p in params]

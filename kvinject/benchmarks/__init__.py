@@ -56,6 +56,8 @@ def data_for(benches: list[str], data: list[str]) -> dict[str, str]:
         name, eq, path = item.partition("=")
         if eq and name in benches:
             out[name] = path
+        elif eq and name in BENCHMARKS:  # not a file named "nexttoken=...": a bench left out
+            raise SpecError(f"--data {item}: {name} is not a selected bench ({', '.join(benches)}); add --bench {name}")
         elif len(set(benches)) == 1:
             out[benches[0]] = item
         else:

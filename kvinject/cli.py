@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
@@ -249,19 +250,26 @@ def generate(
     if output_format == "json":
         print(dumps({"prompt": prompt, "model": str(m.path), "seed": seed, "results": [r.to_dict() for r in results]}))
         return
+    # Only the components some configuration put error into get columns, so the completion keeps
+    # its width; with both, K/V side by side and the relative error's std alone (--format json has all).
+    hit = [c for c in "kv" if any(getattr(r.realized, c).values for r in results)]
+    columns: dict[str, Callable[..., str]] = {}  # header: cell from a Realized
+    if len(hit) == 2:
+        columns["rel. err std K/V"] = lambda z: f"{_fmt(z.k.rel_err_std)} / {_fmt(z.v.rel_err_std)}"
+        columns["sign flips K/V"] = lambda z: f"{_fmt(z.k.sign_flip_frac, '.2%')} / {_fmt(z.v.sign_flip_frac, '.2%')}"
+        columns["SNR dB K/V"] = lambda z: f"{_fmt(z.k.snr_db, '.1f')} / {_fmt(z.v.snr_db, '.1f')}"
+    for c in hit if len(hit) == 1 else ():
+        columns[f"{c.upper()} rel. err mean±std"] = lambda z, c=c: f"{_fmt(getattr(z, c).rel_err_mean)} ± {_fmt(getattr(z, c).rel_err_std)}"
+        columns[f"{c.upper()} sign flips"] = lambda z, c=c: _fmt(getattr(z, c).sign_flip_frac, ".2%")
+        columns[f"{c.upper()} SNR dB"] = lambda z, c=c: _fmt(getattr(z, c).snr_db, ".1f")
     table = Table(title=f"{prompt!r}", show_lines=True)
-    for col in ("error", "completion", "K rel. err mean±std", "V rel. err mean±std", "sign flips K/V", "SNR dB K/V"):
-        table.add_column(col, overflow="fold")
+    table.add_column("error", overflow="fold")
+    table.add_column("completion", overflow="fold", ratio=1)
+    for col in columns:
+        table.add_column(col, justify="right", overflow="fold")
     for r in results:
-        k, v = r.realized.k, r.realized.v
-        table.add_row(
-            Text(r.config.label),  # not markup: labels hold [target:layers]
-            r.text,
-            f"{_fmt(k.rel_err_mean)} ± {_fmt(k.rel_err_std)}",
-            f"{_fmt(v.rel_err_mean)} ± {_fmt(v.rel_err_std)}",
-            f"{_fmt(k.sign_flip_frac, '.2%')} / {_fmt(v.sign_flip_frac, '.2%')}",
-            f"{_fmt(k.snr_db, '.1f')} / {_fmt(v.snr_db, '.1f')}",
-        )
+        # the label not markup: it holds [target:layers]
+        table.add_row(Text(r.config.label), r.text, *(show(r.realized) for show in columns.values()))
     console.print(table)
 
 
@@ -789,6 +797,8 @@ def info(
         print(dumps(report))
         return
     head = Table.grid(padding=(0, 2))
+    head.add_column(no_wrap=True)
+    head.add_column(overflow="fold")  # a model's path whole, its file name at the end
     for key in (
         "kvinject",
         "llama_cpp_python",
@@ -807,13 +817,14 @@ def info(
     ):
         head.add_row(f"[bold]{key}", str(report[key]))
     console.print(head)
-    table = Table(title=f"KV cache at --ctx {ctx}: 2·L·H·D·N·b estimate vs what llama.cpp allocated")
+    console.print(f"KV cache at --ctx {ctx}: estimate 2·n_layer·n_head_kv·head_dim·ctx·bytes vs llama.cpp's allocation", highlight=False)
+    table = Table()
     for col in ("cache type", "bits/value", "estimate MiB", "allocated MiB", "ratio"):
         table.add_column(col, justify="right")
     for row in report["cache_sizes"]:
         table.add_row(row["type"], f"{row['bits_per_value']:g}", f"{row['estimate_mib']:.2f}", _fmt(row["allocated_mib"], ".2f"), _fmt(row["ratio"], ".3f"))
     console.print(table)
-    console.print(f"[dim]{report['llama_cpp_system']}")
+    console.print(report["llama_cpp_system"], style="dim", markup=False, highlight=False)
 
 
 @app.command()

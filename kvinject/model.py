@@ -99,7 +99,8 @@ class Model:
         params.use_extra_bufts = False
         self._ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._ptr:
-            raise ModelError(f"llama.cpp could not load {self.path} (is it a GGUF file?): {log_tail()}")
+            detail = log_tail()
+            raise ModelError(f"llama.cpp could not load {self.path} (is it a GGUF file?){': ' + detail if detail else ''}")
         self.vocab = ll.llama_model_get_vocab(self._ptr)
 
     @property

@@ -181,3 +181,21 @@ def test_result_tables_fit_100_columns_and_wide_shows_every_metric(tiny_path):
     assert lines[-1].startswith("--wide adds CI runs, kld"), "what did not fit is named"
     wide = subprocess.run([sys.executable, "-m", "kvinject", *args, "--wide"], capture_output=True, text=True, timeout=300, env={**env, "COLUMNS": "200"})
     assert wide.returncode == 0 and "same_top_p" in wide.stdout
+
+
+@pytest.mark.parametrize(
+    "args,shown,hidden",
+    [
+        (["--target", "k"], ["K rel. err mean±std", "K sign flips", "K SNR dB"], ["V rel. err", "K/V"]),
+        ([], ["rel. err std K/V", "sign flips K/V", "SNR dB K/V"], ["K rel. err", "V rel. err"]),
+    ],
+)
+def test_generate_shows_columns_only_for_what_got_error(tiny_path, args, shown, hidden):
+    args = ["generate", "Once upon a time", "-e", "normal:0,0.5", "-n", "3", "--model", str(tiny_path), *args]
+    out = subprocess.run([sys.executable, "-m", "kvinject", *args], capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "100"})
+    assert out.returncode == 0, out.stderr
+    header = " ".join(line for line in out.stdout.splitlines() if line.startswith("┃"))
+    for name in shown:
+        assert all(word in header for word in name.split()), name
+    assert not any(name in out.stdout for name in hidden)
+    assert max(map(len, out.stdout.splitlines())) <= 100

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from .error_models import CacheResident, ErrorModel, Multiplicative, NoError, parse_error
 from .exceptions import SpecError
-from .options import CacheOptions
+from .options import CACHE_TYPES, CacheOptions
 from .target import Target
 from .variates import GENERATOR
 
@@ -24,8 +24,10 @@ class Configuration:
         error, at, types = spec.rpartition("@") if "@" in spec else (spec, "", "")
         cache = cache or CacheOptions()
         if at:
-            type_k, _, type_v = types.partition("/")
-            cache = replace(cache, type_k=type_k.strip(), type_v=(type_v or type_k).strip())
+            type_k, _, type_v = (t.strip() for t in types.partition("/"))
+            if type_k not in CACHE_TYPES or (type_v or type_k) not in CACHE_TYPES:  # not --cache-type-k/v, as CacheOptions would say
+                raise SpecError(f"'{spec}': after @ give the cache types as K or K/V, each one of {', '.join(CACHE_TYPES)}")
+            cache = replace(cache, type_k=type_k, type_v=type_v or type_k)
         model = parse_error(error)
         target = (target or Target()) if model.injects else Target()  # no error, no target
         check_selection(model, target)

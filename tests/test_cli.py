@@ -32,6 +32,7 @@ def test_errors_lists_every_registered_model():
         (["generate", "hi", "--error", "normal:0"], "needs a value for 'std'"),
         (["generate", "hi", "--cache-type-v", "q8_0", "--flash-attn", "off"], "needs flash attention"),
         (["generate", "hi", "--cache-type-k", "q3"], "not a cache type"),
+        (["generate", "hi", "--error", "normal:0,0.25@f16/q9"], "'normal:0,0.25@f16/q9': after @ give the cache types as K or K/V, each one of"),
         (["generate", "hi", "--layers", "x-1"], "bad --layers"),
         (["generate", "hi", "--model", "/nonexistent/model.gguf"], "model file not found"),
         (["run", "--bench", "nexttoken", "--parallel", "0"], "--parallel must be between 1 and 256"),

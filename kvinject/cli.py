@@ -169,13 +169,17 @@ def _fmt(value: float, spec: str = ".3f") -> str:
 @app.command()
 def errors() -> None:
     """List the error models with their syntax and meaning."""
-    table = Table(title="Error models (--error SPEC)", show_lines=True)
-    table.add_column("syntax", style="bold cyan", max_width=26, overflow="fold")
-    table.add_column("meaning")
-    table.add_column("example", style="green", no_wrap=True)
-    for cls in REGISTRY.values():
-        table.add_row(cls.syntax, cls.summary, cls.example)
-    console.print(table)
+    from rich.padding import Padding
+
+    from .error_models import Multiplicative
+
+    console.print("Error models (--error SPEC)", style="bold", highlight=False)
+    # The multiplicative noise models first (the study's), then the rest as registered; a syntax
+    # line each, whole (a table column folded it mid-token), its meaning and an example below.
+    for cls in sorted(REGISTRY.values(), key=lambda c: not issubclass(c, Multiplicative)):
+        console.print(Text(cls.syntax, style="bold cyan"), soft_wrap=True)
+        console.print(Padding(Text(cls.summary), (0, 0, 0, 4)))
+        console.print(Padding(Text(f"e.g. {cls.example}", style="green"), (0, 0, 1, 4)))
     console.print(
         "Apply to K or V only with --target k|v, to some layers with --layers 0-3,10, to some tokens with --positions first:4, "
         "and to some KV heads with --heads 0."

@@ -21,8 +21,8 @@ def test_errors_lists_every_registered_model():
 
     out = kvinject("errors")
     assert out.returncode == 0
-    for cls in REGISTRY.values():  # a row of the syntax column starts with the name (not kvquant's "quant")
-        assert re.search(rf"^│ {re.escape(cls.name)}\b", out.stdout, re.M), cls.name
+    for cls in REGISTRY.values():  # a line starts with the whole syntax (not kvquant's "quant")
+        assert re.search(rf"^{re.escape(cls.syntax)}\n(    .*\n)+    e\.g\. {re.escape(cls.example)} *$", out.stdout, re.M), cls.name
 
 
 @pytest.mark.parametrize(

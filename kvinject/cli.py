@@ -39,6 +39,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help texts show spec syntax such as ERROR[@K[/V]] literally
 )
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", help="Print kvinject's version and exit.", callback=_print_version, is_eager=True)] = False,
+) -> None:
+    """--version; the app's help is Typer(help=...) above."""
+
+
 # Piped or redirected output has no width to fit: give the tables room rather than cut
 # their cells short (COLUMNS still decides where it is set); they are made to fit 100.
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200)

@@ -51,6 +51,8 @@ def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
             ax.plot(x, part["mean"], marker="o", label=family)
             # One run has no interval across runs: no band there, rather than one of zero width.
             ax.fill_between(x, part["ci_low"], part["ci_high"], where=part["ci_low"].notna(), alpha=0.2)
+        if rows["mean"].notna().any():
+            ax.set_ylim(*score_range(rows))
         ax.set_xlabel("realized relative error of K (std)")
         ax.set_ylabel(metric or BENCHMARKS[control["bench"]].primary)
         ax.set_title(title, fontsize="small")
@@ -58,6 +60,17 @@ def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def score_range(rows: pd.DataFrame) -> tuple[float, float]:
+    """A panel's vertical range: its scores and their bands, which widen it by at most the
+    scores' span on each side. A t-interval over two or three runs can reach far past what a
+    metric can take (an accuracy's -2 to 2) and would flatten every curve; such bands are cut."""
+    low, high = rows["mean"].min(), rows["mean"].max()
+    span = (high - low) or 0.1 * abs(high) or 0.1
+    bottom = max(np.nanmin([rows["ci_low"].min(), low]), low - span)
+    top = min(np.nanmax([rows["ci_high"].max(), high]), high + span)
+    return bottom - 0.05 * span, top + 0.05 * span
 
 
 # Per-cell metrics of the long-context benchmarks: METRIC@LENGTH/DEPTH.

@@ -277,12 +277,12 @@ def _given(value: object) -> bool:
 
 
 def render(table: pd.DataFrame, fmt: str) -> str:
-    if fmt == "markdown":
-        return table.to_markdown(index=False, floatfmt=".4g")
+    if fmt == "markdown":  # an empty cell where nothing was measured (the control's p), not "nan"
+        return table.astype(object).where(table.notna(), None).to_markdown(index=False, floatfmt=".4g", missingval="")
     if fmt == "csv":
         return table.to_csv(index=False)
     if fmt == "json":
         return table.to_json(orient="records", indent=2)
     if fmt == "latex":
-        return table.to_latex(index=False, float_format="%.4g")
+        return table.to_latex(index=False, float_format="%.4g", na_rep="")
     raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")

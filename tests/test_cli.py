@@ -200,3 +200,9 @@ def test_generate_shows_columns_only_for_what_got_error(tiny_path, args, shown, 
         assert all(word in header for word in name.split()), name
     assert not any(name in out.stdout for name in hidden)
     assert max(map(len, out.stdout.splitlines())) <= 100
+
+
+def test_version_as_an_option_and_a_command():
+    from kvinject import __version__
+
+    assert [kvinject(*args).stdout for args in (["--version"], ["version"])] == [f"{__version__}\n"] * 2

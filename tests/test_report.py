@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from kvinject.exceptions import KvinjectError
-from kvinject.plots import plot
+from kvinject.plots import plot, score_range
 from kvinject.report import experiments, select, study_table, terminal_tables
 
 
@@ -104,3 +104,12 @@ def test_a_filter_on_configurations_keeps_their_controls():
     assert labels(select(records, ["bench=nexttoken"])) == labels(records[:3])
     with pytest.raises(KvinjectError, match=r"no records match error=none@q8_0: error takes none, normal:0,0.25$"):
         select(records, ["error=none@q8_0"])
+
+
+def test_a_panel_spans_its_scores_and_bands_but_not_a_runaway_interval():
+    rows = pd.DataFrame({"mean": [0.35, 0.25, 0.1], "ci_low": [math.nan, 0.2, 0.05], "ci_high": [math.nan, 0.3, 0.15]})
+    low, high = score_range(rows)
+    assert low == pytest.approx(0.05 - 0.0125) and high == pytest.approx(0.35 + 0.0125), "the bands within, a 5% margin of the span"
+    two_runs = rows.assign(ci_low=[math.nan, -1.95, -0.4], ci_high=[math.nan, 2.28, 0.6])  # t(0.975, 1) = 12.7
+    low, high = score_range(two_runs)
+    assert low == pytest.approx(0.1 - 0.25 - 0.0125) and high == pytest.approx(0.35 + 0.25 + 0.0125), "at most the span beyond the scores"

@@ -470,19 +470,23 @@ def sweep(
             table = Table()
             for col in ("model", "bench", "configuration", "seed", "runs left", "claimed by"):
                 table.add_column(col)
+            controls = {p.cell.group: p.cell.config for p in planned if p.cell.control}
             for p, bench in zip(planned, bench_labels([p.cell for p in planned])):
                 claim = claims.get(p.cell.group) if p.runs else None
                 worker = f"{claim.worker.host}:{claim.worker.pid}{'' if claim.alive(sw.claim_timeout) else ' (expired)'}" if claim else ""
-                label = Text(p.cell.config.label + (" (control)" if p.cell.control else ""))  # not markup: [v:all] is text
+                shown = p.cell.config.label_beside(controls.get(p.cell.group, p.cell.config))
+                label = Text(shown + (" (control)" if p.cell.control else ""))  # not markup: [v:all] is text
                 table.add_row(p.cell.model, bench, label, str(p.cell.seed), str(len(p.runs)), worker)
             console.print(table)
             minutes = sw.estimate_seconds(left) / 60
             being = sum(len(p.runs) for p in left if (c := claims.get(p.cell.group)) and c.alive(sw.claim_timeout))
+            runs_left = sum(len(p.runs) for p in left)
             print(
-                f"{grid}: {len(planned)} cells{f' (shard {shard})' if shard else ''}, {sum(len(p.runs) for p in left)} runs left"
+                f"{grid}: {_count(len(planned), 'cell')}{f' (shard {shard})' if shard else ''}, {_count(runs_left, 'run')} left"
                 + (f", {being} of them being computed by workers now" if being else "")
             )
-            print(f"estimate: about {minutes:.0f} min on 2 CPU cores with the default model (docs/performance.md)")
+            if runs_left:
+                print(f"estimate: about {max(minutes, 1):.0f} min on 2 CPU cores, timed on the default model (docs/performance.md)")
             print(f"store: {store or default_store(grid, parsed_shard)}")
             return
         resume = f"kvinject sweep {grid}" + (f" --shard {shard}" if shard else "") + (f" --store {store}" if store else "")
@@ -492,6 +496,10 @@ def sweep(
             _interrupted(store_path, resume)
             raise typer.Exit(130)
     console.print(f"{written} runs written to {store_path}, nothing left to run; report with: kvinject report {store_path}", soft_wrap=True)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _interrupted(store: Path, resume: str) -> None:

@@ -54,6 +54,15 @@ class Configuration:
         types = "" if k == v == "f16" else f" @{k}" if k == v else f" @{k}/{v}"
         return f"{self.error.spec}{where}{types}"
 
+    def label_beside(self, control: Configuration) -> str:
+        """The label as a table shows it beside ``control``'s: the f16 cache that labels leave
+        out is named where the control's is another (``none`` beside ``none @f32``, the control,
+        read as the control itself)."""
+        default = ("f16", "f16")
+        if (self.cache.type_k, self.cache.type_v) == default != (control.cache.type_k, control.cache.type_v):
+            return f"{self.label} @f16"
+        return self.label
+
     def to_dict(self) -> dict[str, object]:
         return {
             "error": self.error.spec,

@@ -170,8 +170,9 @@ def load_grid(path: Path, max_cells: int = MAX_CELLS) -> Grid:
         raise GridError(f"{path}: not valid TOML: {e}") from None
     try:
         return build_grid(path, raw, max_cells)
-    except SpecError as e:
-        raise GridError(f"{path}: {e}") from None
+    except (SpecError, GridError) as e:  # every message names the file, as docs/grid-format.md says
+        message = str(e)
+        raise GridError(message if message.startswith(f"{path}:") else f"{path}: {message}") from None
 
 
 def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> Grid:

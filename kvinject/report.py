@@ -126,9 +126,11 @@ def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
             realized.setdefault(r["label"], []).append(r["realized"]["k"].get("rel_err_std"))
             # The label names the cache types, not these: rows that differ only here must show them.
             cache[r["label"]] = {k: r["settings"]["cache"][k] for k in ("flash_attn", "kv_rotation")}
-        for row in aggregate(bench, [_result(r) for r in ordered], _options(bench, ordered[0]["settings"]["options"])):
-            k_std = [x for x in realized.get(row["label"], []) if x is not None]
-            rows.append({**experiment, **row, **cache[row["label"]], "realized_k_rel_std": sum(k_std) / len(k_std) if k_std else None})
+        results = [_result(r) for r in ordered]
+        stored = {res.config.label_beside(results[0].config): r["label"] for res, r in zip(results, ordered)}  # as aggregate shows them
+        for row in aggregate(bench, results, _options(bench, ordered[0]["settings"]["options"])):
+            k_std = [x for x in realized.get(stored[row["label"]], []) if x is not None]
+            rows.append({**experiment, **row, **cache[stored[row["label"]]], "realized_k_rel_std": sum(k_std) / len(k_std) if k_std else None})
     return pd.DataFrame(rows)
 
 

@@ -106,6 +106,7 @@ def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], opti
     control_label, control = next(iter(groups.items()))
     out = []
     for label, group in groups.items():
+        shown = group[0].config.label_beside(control[0].config)
         metrics = list(dict.fromkeys(k for r in group for k in (*r.metrics, *r.extra)))
         for metric in metrics:
             values = [r.metrics.get(metric, r.extra.get(metric, math.nan)) for r in group]
@@ -125,7 +126,7 @@ def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], opti
                 items_ci = tuple(transform(x) for x in items_ci)
             row: dict[str, object] = {
                 "bench": bench.name,
-                "label": label,
+                "label": shown,
                 "metric": metric,
                 **summary.to_dict(),
                 "items_ci": list(items_ci) if items_ci is not None else None,

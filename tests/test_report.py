@@ -5,6 +5,7 @@ import math
 import pandas as pd
 import pytest
 
+from kvinject.config import Configuration
 from kvinject.exceptions import KvinjectError
 from kvinject.plots import plot, score_range
 from kvinject.report import experiments, select, study_table, terminal_tables
@@ -113,3 +114,14 @@ def test_a_panel_spans_its_scores_and_bands_but_not_a_runaway_interval():
     two_runs = rows.assign(ci_low=[math.nan, -1.95, -0.4], ci_high=[math.nan, 2.28, 0.6])  # t(0.975, 1) = 12.7
     low, high = score_range(two_runs)
     assert low == pytest.approx(0.1 - 0.25 - 0.0125) and high == pytest.approx(0.35 + 0.25 + 0.0125), "at most the span beyond the scores"
+
+
+def test_an_f16_cache_is_named_beside_a_control_with_another():
+    f32, f16 = Configuration.parse("none@f32"), Configuration.parse("none")
+    assert [c.label_beside(f32) for c in (f32, f16, Configuration.parse("normal:0,0.25"), Configuration.parse("none@q8_0"))] == [
+        "none @f32",
+        "none @f16",
+        "normal:0,0.25 @f16",
+        "none @q8_0",
+    ]
+    assert f16.label_beside(f16) == "none", "beside an f16 control, f16 goes without saying"

@@ -102,8 +102,9 @@ def test_ranges_expand_and_the_cells_are_the_cross_product(tmp_path):
 )
 def test_a_bad_grid_names_the_key(tmp_path, change, message):
     path = write_grid(tmp_path, "smollm2", text=GRID.replace(*change))
-    with pytest.raises(GridError, match=message):
+    with pytest.raises(GridError, match=message) as info:
         load_grid(path)
+    assert str(info.value).startswith(f"{path}: "), "the message names the file"
 
 
 def test_a_range_or_grid_too_large_is_refused_before_it_is_expanded(tmp_path):

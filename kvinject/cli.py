@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__, interrupts
+from .benchmarks.base import GenerationBenchmark
 from .config import Configuration, configurations
 from .error_models import REGISTRY
 from .exceptions import KvinjectError
@@ -292,16 +293,19 @@ def generate(
     console.print(table)
 
 
-def _bench_flags(func):
+def _bench_flags(func=None, *, kind=None):
     """Give ``func`` (the run command) one flag per benchmark option, made from the benchmarks'
     Options dataclasses: a benchmark's new option is a new flag without an edit here. Their
-    values reach ``func`` as ``bench_values``."""
+    values reach ``func`` as ``bench_values``. ``kind``: the options of that kind of benchmark
+    only (divergence takes generation benchmarks)."""
+    if func is None:
+        return lambda f: _bench_flags(f, kind=kind)
     from .benchmarks import option_owners
     from .benchmarks.options import flag, metavar, shown_default, value_type
 
     signature = inspect.signature(func, eval_str=True)
     params = []
-    for name, owners in option_owners().items():
+    for name, owners in option_owners(kind).items():
         if name == "data":  # --data BENCH=PATH, declared with the command
             continue
         if name in signature.parameters:  # a benchmark author's mistake, caught by the tests
@@ -599,7 +603,7 @@ def profile(
 
 
 @app.command(name="divergence")
-@_bench_flags
+@_bench_flags(kind=GenerationBenchmark)
 @_setup_flags(parallel=False)
 def divergence_command(
     error: Annotated[list[str], typer.Option("--error", "-e", help="A configuration compared with the reference, ERROR[@K[/V]], repeatable.")],

@@ -206,3 +206,17 @@ def test_version_as_an_option_and_a_command():
     from kvinject import __version__
 
     assert [kvinject(*args).stdout for args in (["--version"], ["version"])] == [f"{__version__}\n"] * 2
+
+
+def test_divergence_offers_only_the_options_of_generation_benches():
+    from dataclasses import fields
+
+    from kvinject.benchmarks import BENCHMARKS, GenerationBenchmark
+
+    text = kvinject("divergence", "--help").stdout
+    generation = {f.name for cls in BENCHMARKS.values() if issubclass(cls, GenerationBenchmark) for f in fields(cls.Options)}
+    others = {f.name for cls in BENCHMARKS.values() for f in fields(cls.Options)} - generation
+    assert others, "some bench (perplexity) does not generate"
+    for name in others:
+        assert not re.search(rf"--{name.replace('_', '-')}(?![\w-])", text), name
+    assert all(re.search(rf"--{name.replace('_', '-')}(?![\w-])", text) for name in generation)

@@ -39,11 +39,14 @@ def make_bench(name: str, values: dict[str, Any], cli: bool = False) -> Benchmar
     return bench_class(name)(parse_options(name, values, cli))
 
 
-def option_owners() -> dict[str, list[tuple[type[Options], str, Field]]]:
-    """Each option name with the benchmarks that take it (their Options class, name and field):
-    one `kvinject run` flag per name, applied to every selected benchmark that has it."""
+def option_owners(kind: type[Benchmark] | None = None) -> dict[str, list[tuple[type[Options], str, Field]]]:
+    """Each option name with the benchmarks (of ``kind``, if given) that take it (their Options
+    class, name and field): one `kvinject run` flag per name, applied to every selected benchmark
+    that has it."""
     owners: dict[str, list[tuple[type[Options], str, Field]]] = {}
     for name, cls in BENCHMARKS.items():
+        if kind is not None and not issubclass(cls, kind):
+            continue
         for f in fields(cls.Options):
             owners.setdefault(f.name, []).append((cls.Options, name, f))
     return owners

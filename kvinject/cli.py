@@ -392,6 +392,11 @@ def run_command(
             try:
                 for result in run_benches(m, benches, configs, runs, seed, bar):
                     report.results.append(result)
+                    if not progress.console.is_terminal:  # a log (a cluster job's): no bar redraws, a timed line per run
+                        primary = next(b.primary for b in benches if b.name == result.bench)
+                        score = result.metrics.get(primary, math.nan)
+                        line = f"{time.strftime('%H:%M:%S')} {result.bench} {result.config.label} run {result.run}: {primary} {score:.4g}"
+                        progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
             except KeyboardInterrupt:
                 report.interrupted = True
     data = report.to_dict()

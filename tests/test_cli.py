@@ -179,6 +179,9 @@ def test_result_tables_fit_100_columns_and_wide_shows_every_metric(tiny_path):
     lines = narrow.stdout.splitlines()
     assert max(map(len, lines)) <= 100 and "…" not in narrow.stdout
     assert "[k:0-1]" in narrow.stdout  # labels are text, not markup
+    # stderr is no terminal here (a job's log): a timed line per finished run, with its score
+    logged = re.findall(r"^\d\d:\d\d:\d\d perplexity (.+) run (\d): ppl [\d.e+]+$", narrow.stderr, re.M)
+    assert sorted(logged) == sorted([("none", "0")] + [(label, r) for label in ("normal:0,0.25 [k:0-1]", "uniform:-1.5,1.5 [k:0-1] @q8_0/q4_0") for r in "01"])
     assert lines[-1].startswith("--wide adds CI runs, kld"), "what did not fit is named"
     wide = subprocess.run([sys.executable, "-m", "kvinject", *args, "--wide"], capture_output=True, text=True, timeout=300, env={**env, "COLUMNS": "200"})
     assert wide.returncode == 0 and "same_top_p" in wide.stdout

@@ -739,6 +739,19 @@ def report(
         raise KvinjectError("no control to compare these records with: a shard's store may lack it; give report the store that holds it too")
     if metric:
         check_metric(df, metric)
+    # Figures first: one these records cannot give fails before the tables print.
+    if plot:
+        draw(df, plot, metric)
+        Console(stderr=True).print(f"plot written to {plot}")
+    if heatmap:
+        draw_heatmap(records, heatmap)
+        Console(stderr=True).print(f"heatmap written to {heatmap}")
+    if frontier:
+        draw_frontier(df, frontier, metric)
+        Console(stderr=True).print(f"frontier written to {frontier}")
+    if outcomes:
+        draw_outcomes(df, outcomes)
+        Console(stderr=True).print(f"outcomes written to {outcomes}")
     table = df if all_metrics else study_table(df, metric, digits=3 if output_format == "table" else 4)
     if output_format == "table":
         parts = [(f"{len(records)} runs from {len(stores)} store(s)", table)] if all_metrics or wide else terminal_tables(table)
@@ -757,18 +770,6 @@ def report(
             console.print("--wide: every column in one table (ci_runs: the 95% interval across runs)", style="dim", highlight=False)
     else:
         print(render(table, output_format))
-    if plot:
-        draw(df, plot, metric)
-        Console(stderr=True).print(f"plot written to {plot}")
-    if heatmap:
-        draw_heatmap(records, heatmap)
-        Console(stderr=True).print(f"heatmap written to {heatmap}")
-    if frontier:
-        draw_frontier(df, frontier, metric)
-        Console(stderr=True).print(f"frontier written to {frontier}")
-    if outcomes:
-        draw_outcomes(df, outcomes)
-        Console(stderr=True).print(f"outcomes written to {outcomes}")
 
 
 @app.command()

@@ -194,8 +194,8 @@ def errors() -> None:
     # line each, whole (a table column folded it mid-token), its meaning and an example below.
     for cls in sorted(REGISTRY.values(), key=lambda c: not issubclass(c, Multiplicative)):
         console.print(Text(cls.syntax, style="bold cyan"), soft_wrap=True)
-        console.print(Padding(Text(cls.summary), (0, 0, 0, 4)))
-        console.print(Padding(Text(f"e.g. {cls.example}", style="green"), (0, 0, 1, 4)))
+        console.print(Padding(Text(cls.summary), (0, 0, 0, 4), expand=False))
+        console.print(Padding(Text(f"e.g. {cls.example}", style="green"), (0, 0, 1, 4), expand=False))
     console.print(
         "Apply to K or V only with --target k|v, to some layers with --layers 0-3,10, to some tokens with --positions first:4, "
         "and to some KV heads with --heads 0."
@@ -727,6 +727,7 @@ def report(
     from .plots import outcomes as draw_outcomes
     from .plots import plot as draw
     from .report import FORMATS, check_metric, load_records, render, select, study_table, summarize, terminal_tables
+    from .tables import report_table
 
     if output_format not in FORMATS:
         raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")
@@ -757,15 +758,7 @@ def report(
         parts = [(f"{len(records)} runs from {len(stores)} store(s)", table)] if all_metrics or wide else terminal_tables(table)
         for title, part in parts:
             console.print(title, style="italic", highlight=False)  # not a table title: that wraps at the table's width
-            t = Table()
-            shown = part.drop(columns=[c for c in ("test", "items_ci", "items_ci_method", "diff_ci", "percent_ci") if c in part.columns])
-            for col in shown.columns:
-                names = col in ("model", "bench", "metric", "configuration", "label")  # fold these first: a number split in two misreads
-                t.add_column(str(col), justify="left" if names else "right", overflow="fold", no_wrap=not names)
-            specs = [".2g" if col in ("p", "q") else ".3g" for col in shown.columns]  # p = 0.0317 says no more than 0.032
-            for row in shown.itertuples(index=False):
-                t.add_row(*(Text(_fmt(v, spec) if v is None or isinstance(v, float) else str(v)) for v, spec in zip(row, specs)))
-            console.print(t)
+            console.print(report_table(part))
         if not (all_metrics or wide):
             console.print("--wide: every column in one table (ci_runs: the 95% interval across runs)", style="dim", highlight=False)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,18 +32,26 @@ def _pyplot(option: str) -> Any:
 def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
     """Degradation curves: each bench's primary score (or `metric`) against the realized
     relative error of K (std), one line per error family, with the runs' 95% CI as a band; a
-    panel per experiment (a model's bench with its options), a row of them per model when each
-    has the same benches, each against its own control."""
+    panel per experiment (a model's bench with its options), a row of panels per model, each
+    against its own control (none drawn for a metric measured against it, such as kld)."""
     plt = _pyplot("--plot")
     panels = experiments(df[primary_rows(df, metric)])
-    columns = min(len(panels), len(set(df["bench"])))
-    fig, axes = plt.subplots(math.ceil(len(panels) / columns), columns, figsize=(5 * columns, 4 * math.ceil(len(panels) / columns)), squeeze=False)
-    for ax in axes.flat[len(panels) :]:
+    by_model: dict[str, list[tuple[str, pd.DataFrame]]] = {}
+    for title, rows in panels:
+        by_model.setdefault(rows["model_sha256"].iloc[0], []).append((title, rows))
+    columns = min(4, max(map(len, by_model.values())))
+    places = [(row + i // columns, i % columns) for row, group in _rows(by_model.values(), columns) for i in range(len(group))]
+    n_rows = max(r for r, _ in places) + 1
+    fig, axes = plt.subplots(n_rows, columns, figsize=(5 * columns, 4 * n_rows), squeeze=False)
+    for ax in axes.flat:
         ax.axis("off")
-    for ax, (title, rows) in zip(axes.flat, panels):
-        control = rows.iloc[0]
-        ax.axhline(control["mean"], color="gray", linestyle="--", label=f"control ({control['label']})")
-        families = rows.iloc[1:].assign(family=lambda d: d["label"].str.split(":").str[0])
+    for (r, c), (title, rows) in zip(places, [p for group in by_model.values() for p in group]):
+        ax = axes[r, c]
+        ax.axis("on")
+        control = rows[rows["control"].astype(bool)]
+        if len(control):
+            ax.axhline(control["mean"].iloc[0], color="gray", linestyle="--", label=f"control ({control['configuration'].iloc[0]})")
+        families = rows[~rows["control"].astype(bool)].assign(family=lambda d: d["label"].str.split(":").str[0])
         for family, part in families.groupby("family", sort=False):
             part = part.dropna(subset=["realized_k_rel_std"]).sort_values("realized_k_rel_std")
             if part.empty:
@@ -51,25 +60,34 @@ def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
             ax.plot(x, part["mean"], marker="o", label=family)
             # One run has no interval across runs: no band there, rather than one of zero width.
             ax.fill_between(x, part["ci_low"], part["ci_high"], where=part["ci_low"].notna(), alpha=0.2)
-        if rows["mean"].notna().any():
+        if np.isfinite(rows["mean"].to_numpy(float)).any():
             ax.set_ylim(*score_range(rows))
         ax.set_xlabel("realized relative error of K (std)")
-        ax.set_ylabel(metric or BENCHMARKS[control["bench"]].primary)
-        ax.set_title(title, fontsize="small")
+        ax.set_ylabel(metric or BENCHMARKS[rows["bench"].iloc[0]].primary)
+        ax.set_title(title, fontsize="small", wrap=True)
         ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def _rows(groups: Iterable[list[Any]], columns: int) -> Iterator[tuple[int, list[Any]]]:
+    """Each group's first row on a grid of ``columns``: every group starts a row of its own."""
+    row = 0
+    for group in groups:
+        yield row, group
+        row += math.ceil(len(group) / columns)
+
+
 def score_range(rows: pd.DataFrame) -> tuple[float, float]:
-    """A panel's vertical range: its scores and their bands, which widen it by at most the
-    scores' span on each side. A t-interval over two or three runs can reach far past what a
+    """A panel's vertical range: its finite scores and their bands, which widen it by at most
+    the scores' span on each side. A t-interval over two or three runs can reach far past what a
     metric can take (an accuracy's -2 to 2) and would flatten every curve; such bands are cut."""
-    low, high = rows["mean"].min(), rows["mean"].max()
+    finite = rows[np.isfinite(rows["mean"].to_numpy(float))]
+    low, high = finite["mean"].min(), finite["mean"].max()
     span = (high - low) or 0.1 * abs(high) or 0.1
-    bottom = max(np.nanmin([rows["ci_low"].min(), low]), low - span)
-    top = min(np.nanmax([rows["ci_high"].max(), high]), high + span)
+    bottom = max(np.nanmin([finite["ci_low"].min(), low]), low - span)
+    top = min(np.nanmax([finite["ci_high"].max(), high]), high + span)
     return bottom - 0.05 * span, top + 0.05 * span
 
 
@@ -189,7 +207,7 @@ def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
             f = family(row["label"])
             ax.errorbar(xi, row["mean"], yerr=err, fmt="o", color=colours[f], capsize=3, label=f)
             if np.isfinite(xi):
-                texts.append(ax.text(xi, row["mean"], row["label"], fontsize="x-small"))
+                texts.append(ax.text(xi, row["mean"], row["configuration"], fontsize="x-small"))
         ok = np.isfinite(x) & np.isfinite(y)
         shown = metric or BENCHMARKS[bench].primary
         front = np.flatnonzero(ok)[pareto(x[ok], y[ok], BENCHMARKS[bench].higher_is_better[shown])]

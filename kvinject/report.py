@@ -52,29 +52,25 @@ def _flat(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def matches(record: dict[str, Any], filters: list[str]) -> bool:
-    flat = _flat(record)
-    for f in filters:
-        key, eq, value = f.partition("=")
-        if not eq or key not in flat:
-            raise KvinjectError(f"--filter takes KEY=VALUE with KEY one of {', '.join(flat)}; got '{f}'")
-        if str(flat[key]) != value:
-            return False
-    return True
-
-
 def select(records: list[dict[str, Any]], filters: list[str]) -> list[dict[str, Any]]:
     """The records that match every filter, with the controls of their experiments: a filter on
     a configuration (error=normal:0,0.25, cache_k=q8_0) keeps what it is compared with. None
     matching is an error that lists the values each filtered setting takes."""
     if not records:
         raise KvinjectError("these stores hold no runs yet")
-    chosen = {id(r) for r in records if matches(r, filters)}
+    flats = [_flat(r) for r in records]
+    keys = list(dict.fromkeys(k for flat in flats for k in flat))  # a bench's options are keys of its records only
+    pairs = []
+    for f in filters:
+        key, eq, value = f.partition("=")
+        if not eq or key not in keys:
+            raise KvinjectError(f"--filter takes KEY=VALUE with KEY one of {', '.join(keys)}; got '{f}'")
+        pairs.append((key, value))
+    chosen = {id(r) for r, flat in zip(records, flats) if all(key in flat and str(flat[key]) == value for key, value in pairs)}
     if not chosen:
         taken = {}
-        for f in filters:
-            key = f.partition("=")[0]
-            taken[key] = sorted({str(_flat(r)[key]) for r in records})
+        for key, _ in pairs:
+            taken[key] = sorted({str(flat[key]) for flat in flats if key in flat})
         hint = "; ".join(f"{k} takes {', '.join(v[:12])}{', ...' if len(v) > 12 else ''}" for k, v in taken.items())
         raise KvinjectError(f"no records match {' '.join(filters)}: {hint}")
     compared = {_experiment(r) for r in records if id(r) in chosen}
@@ -126,11 +122,9 @@ def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
             realized.setdefault(r["label"], []).append(r["realized"]["k"].get("rel_err_std"))
             # The label names the cache types, not these: rows that differ only here must show them.
             cache[r["label"]] = {k: r["settings"]["cache"][k] for k in ("flash_attn", "kv_rotation")}
-        results = [_result(r) for r in ordered]
-        stored = {res.config.label_beside(results[0].config): r["label"] for res, r in zip(results, ordered)}  # as aggregate shows them
-        for row in aggregate(bench, results, _options(bench, ordered[0]["settings"]["options"])):
-            k_std = [x for x in realized.get(stored[row["label"]], []) if x is not None]
-            rows.append({**experiment, **row, **cache[stored[row["label"]]], "realized_k_rel_std": sum(k_std) / len(k_std) if k_std else None})
+        for row in aggregate(bench, [_result(r) for r in ordered], _options(bench, ordered[0]["settings"]["options"])):
+            k_std = [x for x in realized.get(row["label"], []) if x is not None]
+            rows.append({**experiment, **row, **cache[row["label"]], "realized_k_rel_std": sum(k_std) / len(k_std) if k_std else None})
     return pd.DataFrame(rows)
 
 
@@ -161,9 +155,10 @@ def check_metric(df: pd.DataFrame, metric: str) -> None:
 def study_table(df: pd.DataFrame, metric: str | None = None, digits: int = 4) -> pd.DataFrame:
     """The study's layout: score and percent of control per bench and configuration, on each
     bench's primary metric (or `metric`), with both confidence intervals, the paired interval of
-    percent of control, the paired test's p, and its Benjamini-Hochberg q over the table's rows
-    of that bench and metric (a sweep compares many configurations with one control); the
-    intervals to ``digits`` significant digits (a terminal shows 3)."""
+    percent of control, the paired test's p, and its Benjamini-Hochberg q over the rows of that
+    metric compared with the same control (an experiment: a sweep compares many configurations
+    with one control, and a table shows a model's); the intervals to ``digits`` significant
+    digits (a terminal shows 3)."""
     if df.empty:
         return df
     out = df[primary_rows(df, metric)].copy()
@@ -172,14 +167,14 @@ def study_table(df: pd.DataFrame, metric: str | None = None, digits: int = 4) ->
     out["ci_runs"] = [f"{lo:{g}}–{hi:{g}}" if pd.notna(lo) else "" for lo, hi in zip(out["ci_low"], out["ci_high"])]
     out["percent_ci"] = out["percent_ci"].map(lambda ci: f"{ci[0]:.1f}–{ci[1]:.1f}" if isinstance(ci, list) and all(map(_given, ci)) else "")
     out["p"] = out["test"].map(lambda t: t["p_value"] if isinstance(t, dict) else None)
-    q = out.groupby(["bench", "metric"], sort=False)["p"].transform(_q_values)
+    q = out.groupby([experiment_ids(out), out["metric"]], sort=False)["p"].transform(_q_values)
     out["q"] = q.astype(object).where(q.notna(), None)  # none for the control, as its p
     cols = [
         "model",
         "bench",
         *varying(out),
         "metric",
-        "label",
+        "configuration",
         "n",
         "mean",
         "std",
@@ -191,7 +186,7 @@ def study_table(df: pd.DataFrame, metric: str | None = None, digits: int = 4) ->
         "q",
         "nonfinite_items",
     ]
-    names = {"label": "configuration", "n": "runs", "mean": "score", "percent_of_control": "% control", "percent_ci": "% control CI"}
+    names = {"n": "runs", "mean": "score", "percent_of_control": "% control", "percent_ci": "% control CI"}
     return out[cols].rename(columns=names)
 
 
@@ -238,18 +233,24 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         part = part.drop(columns=[c for c in drop if c in part.columns])
         options = [c for c in part.columns if c.startswith("option.")]
         part[options] = part[options].map(lambda v: _setting(v) if _given(v) else "-")
-        names = {c: c.removeprefix("option.") for c in options} | {"% control": "% ctl", "% control CI": "% ctl CI"}
+        names = {c: c.removeprefix("option.") for c in options} | {"% control": "% ctl", "% control CI": "% ctl CI", "nonfinite_items": "NaN"}
         parts.append((title, part.rename(columns=names)))
     return parts
+
+
+def experiment_ids(df: pd.DataFrame) -> pd.Series:
+    """Each row's experiment (model file, bench, options, seed, backend: what shares a control),
+    as a hashable key."""
+    keys = [c for c in ("model_sha256", "bench", "seed", "flash_attn", "kv_rotation") if c in df.columns]
+    keys += sorted(c for c in df.columns if c.startswith("option."))
+    return df[keys].apply(lambda row: repr(list(row)), axis=1)
 
 
 def experiments(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """The rows of each experiment (model file, bench, options, seed, backend) in summarize's
     order, its control first, titled by the model's name, the bench and the settings that tell it
     apart from the other experiments on that bench: a figure's panels, each against its own control."""
-    keys = [c for c in ("model_sha256", "bench", "seed", "flash_attn", "kv_rotation") if c in df.columns]
-    keys += sorted(c for c in df.columns if c.startswith("option."))
-    groups = [rows for _, rows in df.groupby(df[keys].apply(lambda row: repr(list(row)), axis=1), sort=False)]
+    groups = [rows for _, rows in df.groupby(experiment_ids(df), sort=False)]
     firsts = pd.DataFrame([rows.iloc[0] for rows in groups])
     titled = []
     for rows in groups:

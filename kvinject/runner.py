@@ -126,8 +126,10 @@ def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], opti
                 items_ci = tuple(transform(x) for x in items_ci)
             row: dict[str, object] = {
                 "bench": bench.name,
-                "label": shown,
+                "label": label,
                 "metric": metric,
+                "configuration": shown,  # the label as tables show it (Configuration.label_beside)
+                "control": label == control_label,
                 **summary.to_dict(),
                 "items_ci": list(items_ci) if items_ci is not None else None,
                 "items_ci_method": None if items_ci is None else "wilson" if proportion else "bootstrap",

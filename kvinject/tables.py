@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def fmt(value: object, spec: str = ".3g") -> str:
@@ -76,5 +80,21 @@ def _table(
             "NaN": str(a["nonfinite_items"]),
             **{m: fmt(metrics[m]["mean"]) if m in metrics else "-" for m in shown},
         }
-        table.add_row(Text(label), *(cells[c] for c in columns))  # the label as text, not markup: [k:0-3]
+        table.add_row(Text(str(a.get("configuration", label))), *(cells[c] for c in columns))  # text, not markup: [k:0-3]
+    return table
+
+
+def report_table(part: pd.DataFrame) -> Table:
+    """A part of report's table (terminal_tables) for the terminal: p and q to 2 significant
+    digits (0.0317 says no more than 0.032), other numbers to 3. Every column may fold, the
+    widest first, so names and configurations fold before any number does (one split in two
+    misreads) and nothing is cropped."""
+    shown = part.drop(columns=[c for c in ("test", "items_ci", "items_ci_method", "diff_ci", "percent_ci", "label", "control") if c in part.columns])
+    table = Table()
+    for col in shown.columns:
+        names = col in ("model", "bench", "metric", "configuration")
+        table.add_column(str(col), justify="left" if names else "right", overflow="fold")
+    specs = [".2g" if col in ("p", "q") else ".3g" for col in shown.columns]
+    for row in shown.itertuples(index=False):
+        table.add_row(*(Text(fmt(v, spec) if v is None or isinstance(v, float) else str(v)) for v, spec in zip(row, specs)))
     return table

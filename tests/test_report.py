@@ -1,5 +1,6 @@
 """The study table and its terminal parts: which settings become columns or titles, and how."""
 
+import io
 import math
 
 import pandas as pd
@@ -21,6 +22,8 @@ def _row(model, sha, label, lengths, n=1, family=None):
         "option.family": family,
         "metric": "accuracy",
         "label": label,
+        "configuration": label,
+        "control": label == "none",
         "n": n,
         "mean": 0.5,
         "std": 0.0 if n == 1 else 0.1,
@@ -105,6 +108,15 @@ def test_a_filter_on_configurations_keeps_their_controls():
     assert labels(select(records, ["bench=nexttoken"])) == labels(records[:3])
     with pytest.raises(KvinjectError, match=r"no records match error=none@q8_0: error takes none, normal:0,0.25$"):
         select(records, ["error=none@q8_0"])
+    # An option only one bench has filters the records of that bench; a key no record has is refused.
+    records += [_record("perplexity", "none", control=True), _record("perplexity", "normal:0,0.5")]
+    for r in records[-2:]:
+        r["settings"]["options"] = {"ctx": 64}
+    assert labels(select(records, ["option.ctx=64", "error=normal:0,0.5"])) == [("perplexity", "none"), ("perplexity", "normal:0,0.5")]
+    with pytest.raises(KvinjectError, match=r"no records match bench=zzz option.ctx=1: bench takes ifeval, nexttoken, perplexity; option.ctx takes 64$"):
+        select(records, ["bench=zzz", "option.ctx=1"])
+    with pytest.raises(KvinjectError, match=r"--filter takes KEY=VALUE with KEY one of .*option.limit, option.ctx; got 'option.chunks=2'"):
+        select(records, ["bench=zzz", "option.chunks=2"])
 
 
 def test_a_panel_spans_its_scores_and_bands_but_not_a_runaway_interval():
@@ -125,3 +137,37 @@ def test_an_f16_cache_is_named_beside_a_control_with_another():
         "none @q8_0",
     ]
     assert f16.label_beside(f16) == "none", "beside an f16 control, f16 goes without saying"
+
+
+def test_q_adjusts_the_tests_that_share_a_control_and_no_others():
+    from scipy.stats import false_discovery_control
+
+    p = {"a.gguf": [0.01, 0.04, 0.03], "b.gguf": [0.02, 0.5, 0.2]}
+    rows = []
+    for (model, sha), ps in zip((("a.gguf", "1" * 12), ("b.gguf", "2" * 12)), p.values()):
+        rows.append(_row(model, sha, "none", [1024]))
+        rows += [_row(model, sha, f"x{i}", [1024], n=3) | {"test": {"p_value": v}} for i, v in enumerate(ps)]
+    table = study_table(pd.DataFrame(rows))
+    for model, ps in p.items():
+        q = table[(table["model"] == model) & table["p"].notna()]["q"].astype(float)
+        assert list(q) == pytest.approx(list(false_discovery_control(ps))), model
+
+
+def test_report_tables_fold_names_before_numbers_and_crop_nothing():
+    from rich.console import Console
+
+    from kvinject.tables import report_table
+
+    labels = ["none", "kvquant:4,site=pre-rope,outliers=0.01,sinks=1,levels=nuq", "bitflip:0.0001,field=any,bit=14"]
+    rows = [_row("m.gguf", "1" * 12, label, [1024], n=1 if label == "none" else 3) | {"nonfinite_items": 2} for label in labels]
+    rows[1]["test"] = {"p_value": 0.000123456}
+    [(_, part)] = terminal_tables(study_table(pd.DataFrame(rows), digits=3))
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(report_table(part))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 100
+    header = text.splitlines()[1]
+    assert header.split("┃")[1].strip(), "the configuration column keeps a width"
+    for number in ("0.123–0.877", "0.00012", "100"):  # whole on one line
+        assert number in text, number
+    assert "NaN" in text and "nonfinite_items" not in text

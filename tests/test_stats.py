@@ -379,6 +379,7 @@ def test_report_q_values_are_benjamini_hochberg_over_a_table() -> None:
             "bench": "nexttoken",
             "metric": "accuracy",
             "label": label,
+            "configuration": label,
             "n": 1,
             "mean": 0.5,
             "std": 0.0,

@@ -515,8 +515,10 @@ def _interrupted(store: Path, resume: str) -> None:
     # Perplexity scores a batch of runs (up to 16) together, chunk by chunk: none of them is
     # finished until the last chunk, and an interrupt loses them all.
     Console(stderr=True).print(
-        f"[yellow]interrupted: every finished run is in {store}; the runs under way were not finished "
+        f"interrupted: every finished run is in {store}; the runs under way were not finished "
         f"(perplexity finishes a batch of runs together) and start again with: {resume}",
+        style="yellow",
+        markup=False,  # a path may hold [brackets]
         soft_wrap=True,
     )
 

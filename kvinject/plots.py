@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +39,14 @@ def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
     for title, rows in panels:
         by_model.setdefault(rows["model_sha256"].iloc[0], []).append((title, rows))
     columns = min(4, max(map(len, by_model.values())))
-    places = [(row + i // columns, i % columns) for row, group in _rows(by_model.values(), columns) for i in range(len(group))]
-    n_rows = max(r for r, _ in places) + 1
+    places, n_rows = [], 0  # each model's panels from a row of their own
+    for group in by_model.values():
+        places += [((n_rows + i // columns, i % columns), panel) for i, panel in enumerate(group)]
+        n_rows += math.ceil(len(group) / columns)
     fig, axes = plt.subplots(n_rows, columns, figsize=(5 * columns, 4 * n_rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    for (r, c), (title, rows) in zip(places, [p for group in by_model.values() for p in group]):
+    for (r, c), (title, rows) in places:
         ax = axes[r, c]
         ax.axis("on")
         control = rows[rows["control"].astype(bool)]
@@ -69,14 +70,6 @@ def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _rows(groups: Iterable[list[Any]], columns: int) -> Iterator[tuple[int, list[Any]]]:
-    """Each group's first row on a grid of ``columns``: every group starts a row of its own."""
-    row = 0
-    for group in groups:
-        yield row, group
-        row += math.ceil(len(group) / columns)
 
 
 def score_range(rows: pd.DataFrame) -> tuple[float, float]:

@@ -118,7 +118,13 @@ class Store:
     def _open(self, readonly: bool) -> bool:
         """Check the file is a store this version can use, before anything is written to it;
         returns whether it is (still) unstamped."""
-        kind = self._identify(readonly)
+        # One read transaction, one snapshot: read statement by statement, a worker stamping the
+        # new store in between showed the identity of before and the tables of after, a foreign file.
+        self._db.execute("BEGIN")
+        try:
+            kind = self._identify(readonly)
+        finally:
+            self._db.execute("COMMIT")
         problem = self._db.execute("PRAGMA quick_check").fetchone()[0]
         if problem != "ok":
             raise StoreError(f"{self.path}: damaged results store ({' '.join(problem.split())})")

@@ -19,6 +19,7 @@ from kvinject.store import (
     APPLICATION_ID,
     RUNS,
     SCHEMA_VERSION,
+    UPGRADE,
     Claim,
     Store,
     StoreError,
@@ -244,3 +245,42 @@ def test_dry_run_shows_what_other_workers_compute(tmp_path, tiny_path, monkeypat
     assert f"{socket.gethostname()}:{os.getpid()}" in out and f"{socket.gethostname()}:{2**22 + 1} (expired)" in out
     assert "2 runs left, 1 of them being computed by workers now" in out
     assert sha(path) == before
+
+
+def test_a_store_stamped_while_it_is_being_identified_opens(tmp_path, monkeypatch):
+    """Two workers on a new store: one stamps it (identity, tables) between the other's reads of
+    the identity and of the tables. The reader must see one state, not "application id 0 with
+    the tables claims and runs", which it refused as a foreign file (seen in the kill test)."""
+    path = tmp_path / "new.sqlite"
+    connect = sqlite3.connect
+
+    def stamp_midway(*args, **kwargs):
+        db = connect(*args, **kwargs)
+        stamped = []
+
+        def trace(statement: str) -> None:
+            if statement.startswith("PRAGMA user_version") and not stamped:  # the identity was read: now the other worker
+                stamped.append(True)
+                other = connect(path, timeout=0.2, isolation_level=None)
+                try:
+                    other.execute("BEGIN IMMEDIATE")
+                    for sql in [f"PRAGMA application_id = {APPLICATION_ID}", f"PRAGMA user_version = {SCHEMA_VERSION}", RUNS, *UPGRADE]:
+                        other.execute(sql)
+                    other.execute("COMMIT")
+                except sqlite3.OperationalError:  # the reader's snapshot holds it off: it stamps the store itself
+                    other.execute("ROLLBACK")
+                finally:
+                    other.close()
+
+        db.set_trace_callback(trace)
+        return db
+
+    monkeypatch.setattr("kvinject.store.sqlite3.connect", stamp_midway)
+    with Store(path) as store:
+        assert store.done() == set()
+    assert stamped_store(path)
+
+
+def stamped_store(path) -> bool:
+    with sqlite3.connect(path) as db:
+        return db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID and db.execute("PRAGMA quick_check").fetchone()[0] == "ok"

@@ -69,13 +69,23 @@ def _from_hub(ref: str) -> Path:
     if not match:
         raise ModelError(f"hf: models are given as hf:OWNER/REPO/FILE.gguf, got hf:{ref}")
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+        from huggingface_hub.utils import logging as hub_logging
     except ImportError:
         raise ModelError("hf: models need huggingface_hub: pip install huggingface_hub") from None
+    # A file already downloaded is used as it is, without asking the Hub: offline, hf_hub_download
+    # retried for half a minute before it fell back to the cache (results record the file's sha256).
+    cached = try_to_load_from_cache(repo_id=match[1], filename=match[2])
+    if isinstance(cached, str):
+        return Path(cached)
+    verbosity = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()  # its retries' warnings, ten lines offline, end in the one-line error below
     try:
         return Path(hf_hub_download(repo_id=match[1], filename=match[2]))
     except Exception as e:  # network, auth and missing-file errors all end the same way for the user
         raise ModelError(f"could not get hf:{ref} from the Hugging Face Hub: {e}") from e
+    finally:
+        hub_logging.set_verbosity(verbosity)
 
 
 def file_sha256(path: Path) -> str:

@@ -178,6 +178,15 @@ def _setup_flags(parallel: bool):
     return decorate
 
 
+def _print_table(table) -> None:
+    """A results table at the terminal's width, or wider where its numbers would not fit whole
+    with the names folded (tables.print_width)."""
+    from .tables import print_width
+
+    width = print_width(table, console.width)
+    (console if width == console.width else Console(width=width)).print(table)
+
+
 def _fmt(value: float, spec: str = ".3f") -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
@@ -313,8 +322,8 @@ def _bench_flags(func=None, *, kind=None):
         # Strings, so that Options.parse sees what was typed (typer would take 1_000 and nan); a
         # yes/no option is a flag pair (--chat/--no-chat), unset unless given.
         typ, many = value_type(owners[0][0], name)
-        kind = Optional[bool] if typ is bool else Optional[list[str]] if many else Optional[str]
-        names = [f"{flag(name)}/--no-{flag(name)[2:]}"] if typ is bool else [flag(name)]
+        value = Optional[bool] if typ is bool else Optional[list[str]] if many else Optional[str]
+        flags = [f"{flag(name)}/--no-{flag(name)[2:]}"] if typ is bool else [flag(name)]
         shown = {} if typ is bool else {"metavar": metavar(owners[0][0], name)}
         helps: dict[str, list[str]] = {}
         for _, bench, f in owners:
@@ -326,7 +335,7 @@ def _bench_flags(func=None, *, kind=None):
                 name,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=None,
-                annotation=Annotated[kind, typer.Option(*names, help=text, **shown)],
+                annotation=Annotated[value, typer.Option(*flags, help=text, **shown)],
             )
         )
     names = [p.name for p in params]
@@ -412,7 +421,7 @@ def run_command(
         from .tables import bench_table
 
         for b in benches:
-            console.print(bench_table(b.name, b.primary, b.secondary, data["aggregates"], wide, console.width))
+            _print_table(bench_table(b.name, b.primary, b.secondary, data["aggregates"], wide, console.width))
         if output:
             console.print(f"[dim]results written to {output}")
     if report.interrupted:
@@ -760,7 +769,7 @@ def report(
         parts = [(f"{len(records)} runs from {len(stores)} store(s)", table)] if all_metrics or wide else terminal_tables(table)
         for title, part in parts:
             console.print(title, style="italic", highlight=False)  # not a table title: that wraps at the table's width
-            console.print(report_table(part))
+            _print_table(report_table(part))
         if not (all_metrics or wide):
             console.print("--wide: every column in one table (ci_runs: the 95% interval across runs)", style="dim", highlight=False)
     else:

@@ -14,7 +14,7 @@ import pandas as pd
 from .benchmarks import BENCHMARKS
 from .exceptions import KvinjectError
 from .outcomes import METRICS as OUTCOMES
-from .report import experiments, primary_rows
+from .report import experiment_ids, experiments, primary_rows
 
 
 def _pyplot(option: str) -> Any:
@@ -61,8 +61,9 @@ def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
             ax.plot(x, part["mean"], marker="o", label=family)
             # One run has no interval across runs: no band there, rather than one of zero width.
             ax.fill_between(x, part["ci_low"], part["ci_high"], where=part["ci_low"].notna(), alpha=0.2)
-        if np.isfinite(rows["mean"].to_numpy(float)).any():
-            ax.set_ylim(*score_range(rows))
+        drawn = rows[rows["control"].astype(bool) | rows["realized_k_rel_std"].notna()]  # the native caches have no point
+        if np.isfinite(drawn["mean"].to_numpy(float)).any():
+            ax.set_ylim(*score_range(drawn))
         ax.set_xlabel("realized relative error of K (std)")
         ax.set_ylabel(metric or BENCHMARKS[rows["bench"].iloc[0]].primary)
         ax.set_title(title, fontsize="small", wrap=True)
@@ -173,13 +174,21 @@ def interval(row: pd.Series) -> tuple[float, float]:
     return math.nan, math.nan
 
 
+def bits_per_element(df: pd.DataFrame, rows: pd.DataFrame) -> np.ndarray:
+    """The bits per K/V element of each of ``rows`` as the runs of its own experiment recorded
+    them (an eviction's depend on the lengths its bench ran at); NaN where none were."""
+    recorded = df[df["metric"] == "bits"]
+    bits = recorded.groupby([experiment_ids(recorded), recorded["label"]])["mean"].mean()
+    return np.array([bits.get((experiment, label), np.nan) for experiment, label in zip(experiment_ids(rows), rows["label"])])
+
+
 def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
     """Each bench's primary score (or `metric`) against bits per K/V element, one point per
     configuration with its 95% CI (:func:`interval`), the Pareto front drawn, one colour per compressor
-    family: compressors side by side at equal memory. A panel per model and bench."""
+    family: compressors side by side at equal memory. A panel per experiment (a model's bench
+    with its options), with the bits its own runs recorded (an eviction's depend on the lengths)."""
     table = df[primary_rows(df, metric)]
-    bits = df[df["metric"] == "bits"].groupby(["model", "bench", "label"])["mean"].mean()
-    if bits.empty:
+    if not (df["metric"] == "bits").any():
         raise KvinjectError("--frontier needs the bits per element that results record since this version of kvinject: rerun the sweep")
     plt = _pyplot("--frontier")
     try:
@@ -190,8 +199,8 @@ def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(8.5 * len(panels), 5.5), squeeze=False, layout="constrained")
     colours = {f: plt.cm.tab10(i % 10) for i, f in enumerate(dict.fromkeys(map(family, table["label"])))}
     for ax, (title, rows) in zip(axes[0], panels):
-        model, bench = rows.iloc[0][["model", "bench"]]
-        x = np.array([bits.get((model, bench, label), np.nan) for label in rows["label"]])
+        bench = rows.iloc[0]["bench"]
+        x = bits_per_element(df, rows)
         y = rows["mean"].to_numpy(float)
         texts = []
         for (label, row), xi in zip(rows.iterrows(), x):
@@ -247,10 +256,12 @@ def outcomes(df: pd.DataFrame, path: Path) -> None:
         raise KvinjectError("--outcomes needs the per-item outcomes that generation benchmarks record against the control; these records have none")
     plt = _pyplot("--outcomes")
     panels = experiments(rows)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.45 * rows["label"].nunique() + 2), 3.6 * len(panels)), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(max(6.0, 0.45 * rows["configuration"].nunique() + 2), 3.6 * len(panels)), squeeze=False, layout="constrained"
+    )
     colours = {"masked": "#4c9f70", "benign": "#9ecae1", "sdc": "#e6550d", "due": "#636363"}
     for ax, (title, part) in zip(axes[:, 0], panels):
-        table = part.pivot_table(index="label", columns="metric", values="mean", sort=False).reindex(columns=list(OUTCOMES)).fillna(0)
+        table = part.pivot_table(index="configuration", columns="metric", values="mean", sort=False).reindex(columns=list(OUTCOMES)).fillna(0)
         bottom = np.zeros(len(table))
         for name in OUTCOMES:
             ax.bar(range(len(table)), table[name], bottom=bottom, color=colours[name], label=name)

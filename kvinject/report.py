@@ -157,7 +157,7 @@ def study_table(df: pd.DataFrame, metric: str | None = None, digits: int = 4) ->
     bench's primary metric (or `metric`), with both confidence intervals, the paired interval of
     percent of control, the paired test's p, and its Benjamini-Hochberg q over the rows of that
     metric compared with the same control (an experiment: a sweep compares many configurations
-    with one control, and a table shows a model's); the intervals to ``digits`` significant
+    with one control); the intervals to ``digits`` significant
     digits (a terminal shows 3)."""
     if df.empty:
         return df
@@ -207,9 +207,13 @@ def varying(df: pd.DataFrame) -> list[str]:
     so that no two rows look alike."""
     settings = ["model_sha256", "seed", *sorted(c for c in df.columns if c.startswith("option.")), "flash_attn", "kv_rotation"]
     shown = [c for c in settings if c in df.columns and df[c].astype(str).nunique(dropna=False) > 1]
-    if "model_sha256" in shown and "model" in df.columns and df.groupby("model")["model_sha256"].nunique().max() < 2:
-        shown.remove("model_sha256")  # the model names tell the files apart
+    if "model_sha256" in shown and "model" in df.columns and df.groupby(df["model"].map(_file_name))["model_sha256"].nunique().max() < 2:
+        shown.remove("model_sha256")  # the models' file names, which tables and titles show, tell the files apart
     return shown
+
+
+def _file_name(model: object) -> str:
+    return Path(str(model)).name
 
 
 def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -218,8 +222,9 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     score with its std, the NaN column only where an item had NaN/Inf; the interval across runs
     is left to --wide (the std gives the runs' spread)."""
     parts = []
-    table = table.assign(model=table["model"].map(lambda m: Path(str(m)).name))
-    for (bench, metric, _), part in table.groupby(["bench", "metric", "model"], sort=False):
+    table = table.assign(model=table["model"].map(_file_name))
+    files = ["model", "model_sha256"] if "model_sha256" in table.columns else ["model"]  # the hash where file names collide (varying)
+    for (bench, metric, *_), part in table.groupby(["bench", "metric", *files], sort=False):
         settings = ["model", "model_sha256", "seed", "flash_attn", "kv_rotation", *(c for c in part.columns if c.startswith("option."))]
         shared = [c for c in settings if c in part.columns and part[c].astype(str).nunique(dropna=False) == 1]
         values = {c.removeprefix("option."): part[c].iloc[0] for c in shared if _given(part[c].iloc[0])}
@@ -248,7 +253,7 @@ def experiment_ids(df: pd.DataFrame) -> pd.Series:
 
 def experiments(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """The rows of each experiment (model file, bench, options, seed, backend) in summarize's
-    order, its control first, titled by the model's name, the bench and the settings that tell it
+    order (the ``control`` column marks its control), titled by the model's name, the bench and the settings that tell it
     apart from the other experiments on that bench: a figure's panels, each against its own control."""
     groups = [rows for _, rows in df.groupby(experiment_ids(df), sort=False)]
     firsts = pd.DataFrame([rows.iloc[0] for rows in groups])
@@ -257,7 +262,7 @@ def experiments(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         first = rows.iloc[0]
         shown = varying(firsts[firsts["bench"] == first["bench"]])
         settings = [f"{c.removeprefix('option.')} {_setting(first[c]) if _given(first[c]) else '-'}" for c in shown]
-        titled.append((", ".join([f"{Path(str(first['model'])).name}: {first['bench']}", *settings]), rows))
+        titled.append((", ".join([f"{_file_name(first['model'])}: {first['bench']}", *settings]), rows))
     return titled
 
 
@@ -287,5 +292,5 @@ def render(table: pd.DataFrame, fmt: str) -> str:
     if fmt == "json":
         return table.to_json(orient="records", indent=2)
     if fmt == "latex":
-        return table.to_latex(index=False, float_format="%.4g", na_rep="")
+        return table.to_latex(index=False, float_format="%.4g", na_rep="", escape=True)  # pandas escapes nothing by default: % starts a comment
     raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")

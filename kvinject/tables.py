@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
     import pandas as pd
+
+# What a number cell of these tables holds: a value, "mean ± sd", an interval, "-" for nothing
+# measured, "control" in the p column.
+_NUMBER = re.compile(r"-|control|[-+\d.e]+( ± [-+\d.e]+)?|[-+\d.e]+–[-+\d.e]+")
+FOLDED = 12  # the narrowest a name column folds to before the table is printed wider instead
 
 
 def fmt(value: object, spec: str = ".3g") -> str:
@@ -56,7 +63,7 @@ def _table(
     `left`, and a caption naming what --wide `added`."""
     caption = f"--wide adds {', '.join(added)}" if added else None
     title = f"{bench}: {primary} (95% CIs; p: paired test on items, docs/statistics.md)"
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", pad_edge=False)
     table.add_column("configuration", overflow="fold")
     columns = [c for c in ("runs", "mean ± sd", "CI runs", "CI items", "% ctl", "% ctl CI", "p") if c not in left] + shown + (["NaN"] if nan else [])
     for col in columns:
@@ -76,25 +83,47 @@ def _table(
             "CI items": span(*boot),
             "% ctl": fmt(a["percent_of_control"], ".1f"),
             "% ctl CI": span(*percent, ".1f"),
-            "p": "control" if label == next(iter(by_label)) else fmt(test["p_value"], ".3g") if test else "-",
+            "p": "control" if a["control"] else fmt(test["p_value"], ".3g") if test else "-",
             "NaN": str(a["nonfinite_items"]),
             **{m: fmt(metrics[m]["mean"]) if m in metrics else "-" for m in shown},
         }
         table.add_row(Text(str(a.get("configuration", label))), *(cells[c] for c in columns))  # text, not markup: [k:0-3]
+    return _numbers_whole(table)
+
+
+def _numbers_whole(table: Table) -> Table:
+    """Columns of numbers never fold (a number split in two misreads): where the table is too
+    wide, the names fold."""
+    for column in table.columns:
+        column.no_wrap = all(_NUMBER.fullmatch(_plain(cell)) for cell in column.cells)
     return table
+
+
+def _plain(cell: object) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def print_width(table: Table, terminal: int) -> int:
+    """The width to print ``table`` at: the terminal's, unless even with its names folded to
+    :data:`FOLDED` characters its numbers would not fit whole; then the narrowest width that
+    keeps them whole (a terminal soft-wraps the lines; a file or ``less -S`` shows them as they are)."""
+    needed = len(table.columns) + 1 - 2  # the box's vertical lines, no padding at the edges (pad_edge)
+    for column in table.columns:
+        widths = [cell_len(_plain(cell)) for cell in (column.header, *column.cells)]
+        needed += 2 + (max(widths) if column.no_wrap else min(max(widths), FOLDED))
+    return max(terminal, needed)
 
 
 def report_table(part: pd.DataFrame) -> Table:
     """A part of report's table (terminal_tables) for the terminal: p and q to 2 significant
-    digits (0.0317 says no more than 0.032), other numbers to 3. Every column may fold, the
-    widest first, so names and configurations fold before any number does (one split in two
-    misreads) and nothing is cropped."""
+    digits (0.0317 says no more than 0.032), other numbers to 3. Names, configurations and
+    option values fold where the table is too wide, numbers never (:func:`print_width`)."""
     shown = part.drop(columns=[c for c in ("test", "items_ci", "items_ci_method", "diff_ci", "percent_ci", "label", "control") if c in part.columns])
-    table = Table()
+    table = Table(pad_edge=False)
     for col in shown.columns:
         names = col in ("model", "bench", "metric", "configuration")
         table.add_column(str(col), justify="left" if names else "right", overflow="fold")
     specs = [".2g" if col in ("p", "q") else ".3g" for col in shown.columns]
     for row in shown.itertuples(index=False):
         table.add_row(*(Text(fmt(v, spec) if v is None or isinstance(v, float) else str(v)) for v, spec in zip(row, specs)))
-    return table
+    return _numbers_whole(table)

@@ -2,7 +2,9 @@
 written by tests/recorded_results.py): every metric, per-item value, realized-error statistic,
 token count and response. Recorded from commit b20b749, before the benchmark plug-in refactor;
 recorded again when the noise generator became kvinject/variates.py, which changed the noisy
-configurations' results and left the others' (none, quant, q8_0) bit-identical. A CPU's kernels
+configurations' results and left the others' (none, quant, q8_0) bit-identical; the AVX2 one again
+when chat prompts became the model's own Jinja template (ifeval's prompts gained the template's
+system turn; nexttoken's and perplexity's results bit-identical to the recording before). A CPU's kernels
 round in their own way, so each recording holds for the CPU it was made on: the AVX2 one above
 (recorded_results.json), and an AVX-512/AMX one made at commit eebacc5 (recorded_results.avx512.json),
 which guards from there on without a check against the AVX2 one."""

@@ -8,8 +8,8 @@ import pytest
 
 from kvinject.config import Configuration
 from kvinject.exceptions import KvinjectError
-from kvinject.plots import plot, score_range
-from kvinject.report import experiments, select, study_table, terminal_tables
+from kvinject.plots import bits_per_element, plot, score_range
+from kvinject.report import experiments, render, select, study_table, terminal_tables
 
 
 def _row(model, sha, label, lengths, n=1, family=None):
@@ -42,6 +42,15 @@ def test_two_models_are_told_apart_by_name_not_by_file_hash():
     assert "model_sha256" not in study_table(pd.DataFrame(rows)).columns
     rows.append(_row("a.gguf", "3" * 12, "none", [1024, 2048]))  # the same name, another file
     assert "model_sha256" in study_table(pd.DataFrame(rows)).columns
+
+
+def test_files_of_one_name_from_two_folders_get_a_table_each_named_by_hash():
+    rows = [_row(path, sha, label, [1024]) for path, sha in (("/a/m.gguf", "1" * 12), ("/b/m.gguf", "2" * 12)) for label in ("none", "x")]
+    parts = terminal_tables(study_table(pd.DataFrame(rows)))
+    assert [title for title, _ in parts] == [f"niah: accuracy, model m.gguf, model_sha256 {sha}" for sha in ("1" * 12, "2" * 12)]
+    assert all(list(part["configuration"]) == ["none", "x"] for _, part in parts)
+    titles = [title for title, _ in experiments(pd.DataFrame(rows))]
+    assert titles == [f"m.gguf: niah, model_sha256 {sha}" for sha in ("1" * 12, "2" * 12)], "figure panels told apart too"
 
 
 def test_terminal_parts_name_options_as_the_command_line_writes_them():
@@ -86,6 +95,14 @@ def test_each_experiment_is_a_panel_against_its_own_control(tmp_path):
     png = tmp_path / "curves.png"
     plot(pd.DataFrame(rows).assign(metric="accuracy"), png)  # five panels on a grid of six
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_frontier_takes_each_experiments_own_bits():
+    rows = _experiments([("a.gguf", "1" * 12)], ["niah"], lengths=(1024,)) + _experiments([("a.gguf", "1" * 12)], ["niah"], lengths=(4096,))
+    bits = [{**row, "metric": "bits", "mean": 16.0 if row["label"] == "none" else 1024 / row["option.lengths"][0]} for row in rows]
+    df = pd.DataFrame(rows + bits)
+    for lengths, (_, panel) in zip((1024, 4096), experiments(df[df["metric"] == "accuracy"])):
+        assert list(bits_per_element(df, panel)) == [16.0, 1024 / lengths, 1024 / lengths], lengths
 
 
 def _record(bench, error, cache="f16", control=False):
@@ -171,3 +188,11 @@ def test_report_tables_fold_names_before_numbers_and_crop_nothing():
     for number in ("0.123–0.877", "0.00012", "100"):  # whole on one line
         assert number in text, number
     assert "NaN" in text and "nonfinite_items" not in text
+
+
+def test_latex_escapes_what_latex_reads_as_markup():
+    rows = [_row("m.gguf", "1" * 12, "none", [1024]) | {"metric": "prompt_level_strict_acc"}]
+    latex = render(study_table(pd.DataFrame(rows), "prompt_level_strict_acc"), "latex")
+    header = next(line for line in latex.splitlines() if "control" in line)
+    assert "\\% control" in header and "% control" not in header.replace("\\%", ""), "an unescaped % comments out the rest of the line"
+    assert "prompt\\_level\\_strict\\_acc" in latex

@@ -372,7 +372,7 @@ def test_report_rows_from_different_grids_show_the_settings_they_differ_in(tmp_p
         [sys.executable, "-m", "kvinject", "report", *map(str, stores)], capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "100"}
     )
     assert table.returncode == 0, table.stderr
-    assert " limit " in table.stdout and "option.limit" not in table.stdout and "nexttoken: accuracy, model tiny-llama.gguf" in table.stdout
+    assert re.search(r"[┃ ]limit ┃", table.stdout) and "option.limit" not in table.stdout and "nexttoken: accuracy, model tiny-llama.gguf" in table.stdout
     assert max(map(len, table.stdout.splitlines())) <= 100 and "…" not in table.stdout
 
 

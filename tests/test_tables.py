@@ -4,13 +4,14 @@ import io
 
 from rich.console import Console
 
-from kvinject.tables import bench_table
+from kvinject.tables import bench_table, print_width
 
 
 def _aggregate(label, n, mean, std, ci, items_ci, percent_ci, p):
     return {
         "bench": "ifeval",
         "label": label,
+        "control": label == "none",
         "metric": "prompt_level_strict_acc",
         "n": n,
         "mean": mean,
@@ -56,3 +57,18 @@ def test_long_configurations_fold_and_the_interval_across_runs_makes_room():
         ["2", "0.2 ± 0.071", "0.0615–0.792", "57.1", "50.0–100.0", "0.157", "1"]
     ] * 3, "every number whole on its row, the NaN count kept"
     assert "--wide adds CI runs" in text
+
+
+def test_numbers_never_fold_and_a_table_too_wide_for_them_prints_wider():
+    labels = ["none", "kvquant:4,site=post-rope,outliers=0.01,sinks=4,calib=512"]
+    aggregates = [_aggregate(label, 5, 0.0178, 0.0049, (0.0118, 0.0238), [0.0136, 0.0224], [4.9, 8.0], 4.7e-52) for label in labels]
+    table = bench_table("ifeval", "prompt_level_strict_acc", (), aggregates, width=100)
+    numbers = ["0.0178 ± 0.0049", "0.0136–0.0224", "4.9–8.0", "4.7e-52"]
+    for width in (60, 100):
+        shown = print_width(table, width)
+        console = Console(width=shown, record=True, file=io.StringIO())
+        console.print(table)
+        text = console.export_text()
+        assert all(number in text for number in numbers), f"a number split at {width} columns"
+        assert max(map(len, text.splitlines())) <= shown
+    assert print_width(table, 100) == 100 and print_width(table, 60) > 60, "wider than 60 columns only where it must be"

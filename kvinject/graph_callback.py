@@ -30,10 +30,13 @@ from llvmlite import ir
 from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
-from . import ggml
+from . import ggml, numba_cache, rounding, variates
 from .realized import RealizedStats
 from .rounding import ROUND, round_scaled, round_to, shared_scale
 from .variates import factor, hash_at
+
+# The compiled pass inlines rounding's and variates' functions: cached, it depends on them too.
+numba_cache.stamp_with(__file__, [rounding.__file__, variates.__file__])
 
 # Header slots.
 MODE, RUN_SITE, RUN_LAST, COMPUTED, ERROR, ERROR_SITE, ERROR_VALUE = range(7)

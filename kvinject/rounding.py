@@ -14,8 +14,8 @@ emax), emax the exponent of the element format's largest normal value, stored as
 exponent (-127 to 127); each value is divided by it, rounded, and multiplied back. Both steps
 are exact in float64 and rounded once to float32, as numpy's float32 arithmetic rounds them.
 
-numba caches the graph callback's compiled pass by kvinject/graph_callback.py's time stamp, and
-the pass inlines these functions: after editing this file, touch that one.
+The graph callback's compiled pass inlines these functions, so its numba cache is stamped by
+this file too (kvinject/numba_cache.py).
 """
 
 from __future__ import annotations

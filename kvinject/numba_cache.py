@@ -1,6 +1,6 @@
 """numba's on-disk cache for compiled code that inlines other modules' functions.
 
-numba stamps a cached function by the contents of the file that defines it alone (its
+numba stamps a cached function by the file that defines it alone (its
 documented cache limitation), and compiled code inlines the functions it calls: the graph
 callback's pass would go on running an old kvinject/rounding.py or kvinject/variates.py after
 an update that changed only them, without a word, on every later run. :func:`stamp_with`

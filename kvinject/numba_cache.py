@@ -10,6 +10,7 @@ change to any of them compiles it anew.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -25,7 +26,15 @@ _LOCATORS = [getattr(caching, name, None) or getattr(caching, f"_{name}") for na
 
 def stamp(files: list[str]) -> tuple[str, ...]:
     """The files' contents, hashed: what a cached function compiled from them depends on."""
-    return tuple(hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files)
+    stats = [os.stat(f) for f in files]
+    return tuple(_digest(f, st.st_mtime_ns, st.st_size) for f, st in zip(files, stats))
+
+
+@functools.lru_cache(maxsize=None)
+def _digest(path: str, mtime_ns: int, size: int) -> str:
+    # Read once a process for each of the ~20 cached functions that ask, and again if the file
+    # changes (the time and size are the cache's key, as numba keys its own stamp).
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def stamp_with(module: str, inlined: list[str]) -> None:

@@ -49,10 +49,11 @@ def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
     for (r, c), (title, rows) in places:
         ax = axes[r, c]
         ax.axis("on")
-        control = rows[rows["control"].astype(bool)]
+        is_control = rows["control"].astype(bool)
+        control = rows[is_control]
         if len(control):
             ax.axhline(control["mean"].iloc[0], color="gray", linestyle="--", label=f"control ({control['configuration'].iloc[0]})")
-        families = rows[~rows["control"].astype(bool)].assign(family=lambda d: d["label"].str.split(":").str[0])
+        families = rows[~is_control].assign(family=lambda d: d["label"].str.split(":").str[0])
         for family, part in families.groupby("family", sort=False):
             part = part.dropna(subset=["realized_k_rel_std"]).sort_values("realized_k_rel_std")
             if part.empty:
@@ -61,7 +62,7 @@ def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
             ax.plot(x, part["mean"], marker="o", label=family)
             # One run has no interval across runs: no band there, rather than one of zero width.
             ax.fill_between(x, part["ci_low"], part["ci_high"], where=part["ci_low"].notna(), alpha=0.2)
-        drawn = rows[rows["control"].astype(bool) | rows["realized_k_rel_std"].notna()]  # the native caches have no point
+        drawn = rows[is_control | rows["realized_k_rel_std"].notna()]  # the native caches have no point
         if np.isfinite(drawn["mean"].to_numpy(float)).any():
             ax.set_ylim(*score_range(drawn))
         ax.set_xlabel("realized relative error of K (std)")
@@ -174,12 +175,12 @@ def interval(row: pd.Series) -> tuple[float, float]:
     return math.nan, math.nan
 
 
-def bits_per_element(df: pd.DataFrame, rows: pd.DataFrame) -> np.ndarray:
-    """The bits per K/V element of each of ``rows`` as the runs of its own experiment recorded
-    them (an eviction's depend on the lengths its bench ran at); NaN where none were."""
-    recorded = df[df["metric"] == "bits"]
-    bits = recorded.groupby([experiment_ids(recorded), recorded["label"]])["mean"].mean()
-    return np.array([bits.get((experiment, label), np.nan) for experiment, label in zip(experiment_ids(rows), rows["label"])])
+def bits_per_element(df: pd.DataFrame) -> pd.Series:
+    """Each row's bits per K/V element as the runs of its own experiment recorded them (an
+    eviction's depend on the lengths its bench ran at), indexed as ``df``; NaN where none were."""
+    keys = pd.Series(list(zip(experiment_ids(df), df["label"])), index=df.index)
+    recorded = df["metric"] == "bits"
+    return keys.map(df[recorded].groupby(keys[recorded])["mean"].mean())
 
 
 def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
@@ -196,11 +197,12 @@ def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
     except ImportError:
         raise KvinjectError("--frontier needs adjustText: pip install 'kvinject[plot]'") from None
     panels = experiments(table)
+    bits = bits_per_element(df)
     fig, axes = plt.subplots(1, len(panels), figsize=(8.5 * len(panels), 5.5), squeeze=False, layout="constrained")
     colours = {f: plt.cm.tab10(i % 10) for i, f in enumerate(dict.fromkeys(map(family, table["label"])))}
     for ax, (title, rows) in zip(axes[0], panels):
         bench = rows.iloc[0]["bench"]
-        x = bits_per_element(df, rows)
+        x = bits[rows.index].to_numpy(float)
         y = rows["mean"].to_numpy(float)
         texts = []
         for (label, row), xi in zip(rows.iterrows(), x):

@@ -157,8 +157,7 @@ def study_table(df: pd.DataFrame, metric: str | None = None, digits: int = 4) ->
     bench's primary metric (or `metric`), with both confidence intervals, the paired interval of
     percent of control, the paired test's p, and its Benjamini-Hochberg q over the rows of that
     metric compared with the same control (an experiment: a sweep compares many configurations
-    with one control); the intervals to ``digits`` significant
-    digits (a terminal shows 3)."""
+    with one control); the intervals to ``digits`` significant digits (a terminal shows 3)."""
     if df.empty:
         return df
     out = df[primary_rows(df, metric)].copy()

@@ -68,7 +68,7 @@ def _table(
     columns = [c for c in ("runs", "mean ± sd", "CI runs", "CI items", "% ctl", "% ctl CI", "p") if c not in left] + shown + (["NaN"] if nan else [])
     for col in columns:
         table.add_column(col, justify="right", overflow="fold")
-    for label, metrics in by_label.items():
+    for metrics in by_label.values():
         a = metrics.get(primary)
         if a is None:
             continue
@@ -87,7 +87,7 @@ def _table(
             "NaN": str(a["nonfinite_items"]),
             **{m: fmt(metrics[m]["mean"]) if m in metrics else "-" for m in shown},
         }
-        table.add_row(Text(str(a.get("configuration", label))), *(cells[c] for c in columns))  # text, not markup: [k:0-3]
+        table.add_row(Text(str(a["configuration"])), *(cells[c] for c in columns))  # text, not markup: [k:0-3]
     return _numbers_whole(table)
 
 

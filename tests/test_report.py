@@ -102,7 +102,7 @@ def test_the_frontier_takes_each_experiments_own_bits():
     bits = [{**row, "metric": "bits", "mean": 16.0 if row["label"] == "none" else 1024 / row["option.lengths"][0]} for row in rows]
     df = pd.DataFrame(rows + bits)
     for lengths, (_, panel) in zip((1024, 4096), experiments(df[df["metric"] == "accuracy"])):
-        assert list(bits_per_element(df, panel)) == [16.0, 1024 / lengths, 1024 / lengths], lengths
+        assert list(bits_per_element(df)[panel.index]) == [16.0, 1024 / lengths, 1024 / lengths], lengths
 
 
 def _record(bench, error, cache="f16", control=False):

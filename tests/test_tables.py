@@ -11,6 +11,7 @@ def _aggregate(label, n, mean, std, ci, items_ci, percent_ci, p):
     return {
         "bench": "ifeval",
         "label": label,
+        "configuration": label,
         "control": label == "none",
         "metric": "prompt_level_strict_acc",
         "n": n,

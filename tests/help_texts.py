@@ -1,0 +1,36 @@
+"""Every command's ``--help`` at a fixed width, to hold the command line unchanged across
+refactors (test_help.py).
+
+``python -m tests.help_texts`` records them with the code at hand into tests/fixtures/help/.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "help"
+COMMANDS = ["", "errors", "benchmarks", "generate", "run", "sweep", "profile", "divergence", "report", "score", "info", "version"]
+# Rich reads the width from the environment; a fixed one makes the texts comparable anywhere.
+ENV = {"COLUMNS": "100", "TERMINAL_WIDTH": "100", "NO_COLOR": "1", "TERM": "dumb"}
+
+
+def help_text(command: str) -> str:
+    from kvinject.cli import app
+
+    result = CliRunner().invoke(app, [*filter(None, [command]), "--help"], env=ENV)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def fixture(command: str) -> Path:
+    return FIXTURES / f"{command or 'kvinject'}.txt"
+
+
+if __name__ == "__main__":
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    for command in COMMANDS:
+        fixture(command).write_text(help_text(command))
+    print(f"{len(COMMANDS)} help texts written to {FIXTURES}", file=sys.stderr)

@@ -1,3 +1,3 @@
-from .launch import main
+from .cli.launch import main
 
 main()

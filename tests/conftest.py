@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kvinject.model import Model, resolve_model
+from kvinject.engine.model import Model, resolve_model
 
 from .tiny_model import write_tiny_model
 

@@ -18,7 +18,7 @@ ENV = {"COLUMNS": "100", "TERMINAL_WIDTH": "100", "NO_COLOR": "1", "TERM": "dumb
 
 
 def help_text(command: str) -> str:
-    from kvinject.cli import app
+    from kvinject.cli.app import app
 
     result = CliRunner().invoke(app, [*filter(None, [command]), "--help"], env=ENV)
     assert result.exit_code == 0, result.output

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from kvinject.benchmarks import make_bench
-from kvinject.config import Configuration
-from kvinject.model import Model, versions
-from kvinject.runner import run
+from kvinject.engine.model import Model, versions
+from kvinject.error_models.configuration import Configuration
+from kvinject.experiments.runner import run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BENCHES = {
@@ -38,7 +38,7 @@ def record(model: Model) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    from kvinject.model import resolve_model
+    from kvinject.engine.model import resolve_model
 
     from .tiny_model import write_tiny_model
 

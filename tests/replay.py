@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvinject.batching import generate_all
+from kvinject.engine.batching import generate_all
+from kvinject.engine.context import Context
+from kvinject.engine.options import CacheOptions
 from kvinject.error_models import parse_error
-from kvinject.options import CacheOptions
 
 from .cache_state import read_cells
 
@@ -22,7 +23,7 @@ class Recorded:
 
     def __init__(self, model, spec, target, n_seq=1, n_ctx=512, seed=3):
         self.model, self.n_seq, self.n_ctx = model, n_seq, n_ctx
-        self.ctx = model.context(F32, parse_error(spec), target, seed=seed, n_seq=n_seq, n_ctx=n_ctx)
+        self.ctx = Context(model, F32, parse_error(spec), target, seed=seed, n_seq=n_seq, n_ctx=n_ctx)
         self.entries, self.events, self.marks = [], [], {}
         decode, forget, mark = self.ctx.decode, self.ctx.forget, self.ctx.mark
         self.ctx.decode = lambda entries: (self.entries.append(list(entries)), self.events.append(("decode", list(entries))), decode(entries))[2]
@@ -32,7 +33,7 @@ class Recorded:
     def changed(self, seq=0):
         """The positions of ``seq``'s cells and {component: which values of its layer-0 K or V,
         (cells, row), differ from a clean replay}."""
-        with self.model.context(F32, n_seq=self.n_seq, n_ctx=self.n_ctx) as clean:
+        with Context(self.model, F32, n_seq=self.n_seq, n_ctx=self.n_ctx) as clean:
             for event, arg in self.events:
                 getattr(clean, event)(arg)
             pos, want = read_cells(clean, seq)
@@ -63,7 +64,7 @@ def assert_selecting_everything_changes_nothing(model, error, targets, prompts):
     it counts as selected."""
     out = []
     for target in targets:
-        with model.context(F32, parse_error(error), target, seed=4, n_seq=2, n_ctx=512) as ctx:
+        with Context(model, F32, parse_error(error), target, seed=4, n_seq=2, n_ctx=512) as ctx:
             tokens = [model.tokenize(p) for p in prompts]
             logits = [gen.logits for _, gen in generate_all(ctx, tokens, max_tokens=5, items=range(len(prompts)), keep_logits=True)]
             caches = [read_cells(ctx, seq)[1] for seq in (0, 1)]

@@ -8,13 +8,15 @@ import os
 import numpy as np
 import pytest
 
+from kvinject.analysis.aggregate import aggregate
 from kvinject.benchmarks import IFEval, NextToken, Perplexity, make_bench
 from kvinject.benchmarks.base import divergence
 from kvinject.benchmarks.ifeval.bench import load_items
 from kvinject.benchmarks.nexttoken import log_softmax, make_snippets
-from kvinject.config import Configuration
+from kvinject.engine.context import Context
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import DataError
-from kvinject.runner import aggregate, run
+from kvinject.experiments.runner import run
 
 from .conftest import SHARED
 
@@ -95,7 +97,7 @@ def test_perplexity_matches_an_independent_per_position_computation(tiny, tmp_pa
     (result,) = run(tiny, [bench], [CONTROL], runs=1)
     tokens = tiny.tokenize(read_text(None, "encyclopedia"), add_special=True, parse_special=False)
     nll = []
-    with tiny.context(n_ctx=64, n_batch=64) as ctx:
+    with Context(tiny, n_ctx=64, n_batch=64) as ctx:
         for chunk in range(2):
             piece = tokens[chunk * 64 : (chunk + 1) * 64]
             ctx.clear()
@@ -123,7 +125,7 @@ def test_kld_same_top_and_rms_dp_match_an_independent_computation(tiny):
         piece = tokens[chunk * 64 : (chunk + 1) * 64]
         rows = {}
         for name, error in (("base", None), ("quant", coarse.error)):
-            with tiny.context(error=error, n_ctx=64, n_batch=64) as ctx:
+            with Context(tiny, error=error, n_ctx=64, n_batch=64) as ctx:
                 ctx.decode([(t, pos, 0, True) for pos, t in enumerate(piece)])
                 rows[name] = np.array([log_softmax(ctx.logits(pos)) for pos in range(32, 63)])
         base, q = rows["base"], rows["quant"]
@@ -193,7 +195,7 @@ def test_perplexity_in_batches_of_contexts_gives_the_same_results(tiny, monkeypa
     """Jobs run a batch of contexts at a time, each batch with the control recomputed: the same
     figures as all at once, the control reported once."""
     import kvinject.benchmarks.perplexity as perplexity_module
-    from kvinject.runner import run
+    from kvinject.experiments.runner import run
 
     configs = [Configuration(), *(Configuration.parse(s) for s in ("normal:0,0.5", "quant:4", "signflip:0.05"))]
     bench = make_bench("perplexity", {"ctx": 64, "chunks": 3})
@@ -215,7 +217,7 @@ def test_stepped_perplexity_matches_an_independent_per_position_computation(tiny
     (result,) = run(tiny, [Perplexity(chunks=1, ctx=64, step=step)], [CONTROL], runs=1)
     piece = tiny.tokenize(read_text(None, "encyclopedia"), add_special=True, parse_special=False)[:64]
     nll = []
-    with tiny.context(n_ctx=64, n_batch=64) as ctx:
+    with Context(tiny, n_ctx=64, n_batch=64) as ctx:
         ctx.decode([(t, pos, 0, False) for pos, t in enumerate(piece[:32])])
         for start in range(32, 64, step):
             ctx.decode([(piece[pos], pos, 0, True) for pos in range(start, min(start + step, 64))])

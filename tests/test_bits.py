@@ -3,10 +3,11 @@
 import pytest
 
 from kvinject.benchmarks import make_bench
-from kvinject.bits import bits_per_element
-from kvinject.config import Configuration
-from kvinject.runner import run
-from kvinject.target import Target
+from kvinject.engine.bits import bits_per_element
+from kvinject.engine.context import Context
+from kvinject.engine.target import Target
+from kvinject.error_models.configuration import Configuration
+from kvinject.experiments.runner import run
 
 
 def bits(spec: str, target: str = "kv", layers: str | None = None, heads: str | None = None, n_head_kv: int = 1, head_dim_v: int = 64) -> float:
@@ -67,7 +68,7 @@ def test_kivi_counts_its_exact_window_in_the_share_the_run_held():
 
 def test_a_context_reports_kivi_bits_at_the_lengths_it_held(tiny):
     model = Configuration.parse("kivi:2,group=4,residual=8").error
-    with tiny.context(error=model, n_ctx=64) as ctx:
+    with Context(tiny, error=model, n_ctx=64) as ctx:
         ctx.prefill(list(range(1, 21)))
         ctx.forget(0)
         ctx.prefill(list(range(1, 14)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jinja2
 from llama_cpp import llama_cpp as ll
 
-from kvinject.model import _ChatTemplate
+from kvinject.engine.model import _ChatTemplate
 
 
 def test_a_chat_prompt_is_the_model_s_jinja_template_with_its_default_system_prompt(tiny):

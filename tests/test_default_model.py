@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from kvinject.info import gather
+from kvinject.engine.context import Context
+from kvinject.engine.info import gather
 
 from .conftest import SHARED
 from .test_cli import kvinject
@@ -78,8 +79,8 @@ def test_perplexity_agrees_with_llama_perplexity(smollm):
     """llama-perplexity -c 128 --chunks 16 -b 128 -t 2 on wiki.test.raw printed
     'Final estimate: PPL = 35.0054 +/- 3.62590' for this model (docs/perplexity.md)."""
     from kvinject.benchmarks import Perplexity
-    from kvinject.config import Configuration
-    from kvinject.runner import run
+    from kvinject.error_models.configuration import Configuration
+    from kvinject.experiments.runner import run
 
     (result,) = run(smollm, [Perplexity(data=str(WIKITEXT), chunks=16, ctx=128)], [Configuration()], runs=1)
     assert result.metrics["ppl"] == pytest.approx(35.0054, rel=0.005)
@@ -87,10 +88,10 @@ def test_perplexity_agrees_with_llama_perplexity(smollm):
 
 
 def test_ignore_eos_generates_past_the_end_of_an_answer(smollm):
-    from kvinject.batching import generate_all
+    from kvinject.engine.batching import generate_all
 
     prompt = smollm.tokenize(smollm.chat_prompt("Reply with one word: is the sky blue?"), parse_special=True)
-    with smollm.context() as ctx:
+    with Context(smollm) as ctx:
         ((_, short),) = generate_all(ctx, [prompt], max_tokens=40)
         ((_, full),) = generate_all(ctx, [prompt], max_tokens=40, ignore_eos=True)
     assert len(short.tokens) < 40

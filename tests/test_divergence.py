@@ -10,12 +10,13 @@ import gguf
 import numpy as np
 import pytest
 
-from kvinject.batching import generate_all
-from kvinject.config import Configuration
-from kvinject.divergence import divergence, text_prompts
+from kvinject.engine.batching import generate_all
+from kvinject.engine.context import Context
+from kvinject.engine.options import CacheOptions
+from kvinject.engine.target import Target
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import SpecError
-from kvinject.options import CacheOptions
-from kvinject.target import Target
+from kvinject.experiments.divergence import divergence, text_prompts
 
 from .tiny_model import HEAD_DIM, N_HEAD, N_HEAD_KV
 
@@ -90,7 +91,7 @@ def test_reading_the_residual_stream_changes_no_logits(tiny):
         config = Configuration.parse(spec)
         logits = []
         for residual in (False, True):
-            with tiny.context(config.cache, config.error, seed=3, residual=residual) as ctx:
+            with Context(tiny, config.cache, config.error, seed=3, residual=residual) as ctx:
                 ((_, gen),) = generate_all(ctx, [tokens], 8, keep_logits=True)
                 logits.append(gen.logits)
         assert np.array_equal(logits[0], logits[1])
@@ -135,7 +136,7 @@ def test_the_outputs_read_are_the_layers_outputs(tiny, tiny_path):
     llama.cpp computes from it (final norm, then the tied embedding)."""
     weights = {t.name: np.asarray(t.data, np.float64) for t in gguf.GGUFReader(tiny_path).tensors}
     tokens = tiny.tokenize(PROMPTS[0])
-    with tiny.context(F32, n_ctx=64, residual=True) as ctx:
+    with Context(tiny, F32, n_ctx=64, residual=True) as ctx:
         ctx.decode([(t, i, 0, True) for i, t in enumerate(tokens)])
         outputs = ctx.residual.read().astype(np.float64)
         logits = ctx.output_logits(len(tokens)).astype(np.float64)
@@ -150,7 +151,7 @@ def test_the_outputs_read_are_the_layers_outputs(tiny, tiny_path):
 
 def test_last_layer_exists_only_where_logits_are_computed(tiny):
     tokens = tiny.tokenize(PROMPTS[0])
-    with tiny.context(F32, n_ctx=64, residual=True) as ctx:
+    with Context(tiny, F32, n_ctx=64, residual=True) as ctx:
         ctx.decode([(t, i, 0, i in (2, len(tokens) - 1)) for i, t in enumerate(tokens)])
         outputs = ctx.residual.read()
     assert np.isfinite(outputs[:-1]).all()

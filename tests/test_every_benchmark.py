@@ -12,10 +12,10 @@ import pytest
 
 from kvinject.benchmarks import BENCHMARKS, make_bench, make_benches
 from kvinject.benchmarks.options import flag
-from kvinject.config import Configuration
+from kvinject.engine.speed import Speed
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import SpecError
-from kvinject.runner import run
-from kvinject.speed import Speed
+from kvinject.experiments.runner import run
 
 from .test_cli import kvinject
 

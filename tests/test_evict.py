@@ -22,14 +22,15 @@ import numpy as np
 import pytest
 from llama_cpp import llama_cpp as ll
 
-from kvinject import ggml
-from kvinject.batching import generate_all
-from kvinject.bits import bits_per_element
-from kvinject.config import Configuration
+from kvinject.engine import ggml
+from kvinject.engine.batching import generate_all
+from kvinject.engine.bits import bits_per_element
+from kvinject.engine.context import Context
+from kvinject.engine.options import CacheOptions
+from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import SpecError
-from kvinject.options import CacheOptions
-from kvinject.target import Target
 
 from .cache_state import read_cells
 
@@ -168,7 +169,7 @@ def run_checked(model, spec: str, prompts=PROMPTS[:1], n_batch: int = 5, steps: 
     for all of them in shared decodes; after each decode every sequence's positions are checked
     against the reference. Returns the decodes checked."""
     replica = Replica(model, len(prompts), max(n_batch, len(prompts)))
-    with model.context(OFF, parse_error(spec), n_ctx=N_CTX, n_seq=len(prompts), n_batch=max(n_batch, len(prompts))) as ctx:
+    with Context(model, OFF, parse_error(spec), n_ctx=N_CTX, n_seq=len(prompts), n_batch=max(n_batch, len(prompts))) as ctx:
         refs = [Reference(spec) for _ in prompts]
         held: list[list[int]] = [[] for _ in prompts]
         schedule = []
@@ -246,7 +247,7 @@ def test_a_prompt_ending_in_a_one_token_piece_is_still_a_prompt_for_snapkv(tiny)
 
 def greedy(model, spec: str, cache=OFF, steps: int = 8):
     """Greedy tokens after the first prompt: every step's logits and the final cache."""
-    with model.context(cache, parse_error(spec), n_ctx=N_CTX, n_batch=6) as ctx:
+    with Context(model, cache, parse_error(spec), n_ctx=N_CTX, n_batch=6) as ctx:
         tokens = model.tokenize(PROMPTS[0])
         ctx.prefill(tokens)
         logits = [ctx.logits(-1).copy()]
@@ -283,7 +284,7 @@ def test_a_prompt_is_not_cut_between_its_pieces(tiny):
     tokens = tiny.tokenize(PROMPTS[0])
     logits = []
     for spec in ("none", "evict:window,4"):
-        with tiny.context(OFF, parse_error(spec), n_ctx=N_CTX, n_batch=5) as ctx:
+        with Context(tiny, OFF, parse_error(spec), n_ctx=N_CTX, n_batch=5) as ctx:
             ctx.prefill(tokens)
             logits.append(ctx.logits(-1).copy())
             kept = sorted(read_cells(ctx, 0)[0].tolist())
@@ -311,7 +312,7 @@ def test_random_keeps_uniform_samples_by_fixed_priorities(tiny):
     prompt = tiny.tokenize(" ".join([PROMPTS[0]] * 6))
     shares, spread = [], []
     for seed in range(12):
-        with tiny.context(OFF, parse_error("evict:random,0.25"), n_ctx=N_CTX, seed=seed) as ctx:
+        with Context(tiny, OFF, parse_error("evict:random,0.25"), n_ctx=N_CTX, seed=seed) as ctx:
             ((_, out),) = generate_all(ctx, [prompt], 20, ignore_eos=True)
             positions = np.array(sorted(read_cells(ctx, 0)[0].tolist()))
         n = len(prompt) + len(out.tokens) - 1  # the last token is never decoded
@@ -328,7 +329,7 @@ def test_random_keeps_uniform_samples_by_fixed_priorities(tiny):
 def test_random_keeps_the_budget_reproducibly_and_differently_per_seed(tiny):
     def kept(seed: int) -> list[list[int]]:
         prompts = [tiny.tokenize(p) for p in PROMPTS[:2]]
-        with tiny.context(OFF, parse_error("evict:random,0.5"), n_ctx=N_CTX, n_seq=2, seed=seed) as ctx:
+        with Context(tiny, OFF, parse_error("evict:random,0.5"), n_ctx=N_CTX, n_seq=2, seed=seed) as ctx:
             out = dict(generate_all(ctx, prompts, 6, ignore_eos=True))
             return [sorted(read_cells(ctx, s)[0].tolist()) for s in range(2)], out
 
@@ -342,7 +343,7 @@ def test_random_keeps_the_budget_reproducibly_and_differently_per_seed(tiny):
 def test_eviction_works_on_quantized_caches(tiny):
     """Values are never edited, so a q8_0 cache (with flash attention, for streaming) is fine."""
     cache = CacheOptions("q8_0", "q8_0", "on")
-    with tiny.context(cache, parse_error("evict:window,4"), n_ctx=N_CTX) as ctx:
+    with Context(tiny, cache, parse_error("evict:window,4"), n_ctx=N_CTX) as ctx:
         ctx.prefill(tiny.tokenize(PROMPTS[0]))
         assert ll.llama_memory_seq_pos_min(ll.llama_get_memory(ctx._ptr), 0) == 9
         assert ctx.bits_per_element == pytest.approx(8.5 * 4 / 13)
@@ -359,7 +360,7 @@ def test_eviction_works_on_quantized_caches(tiny):
 )
 def test_what_eviction_cannot_do_is_refused_in_one_line(tiny, cache, target, message):
     with pytest.raises(SpecError, match=message):
-        tiny.context(cache, parse_error("evict:h2o,0.2"), target)
+        Context(tiny, cache, parse_error("evict:h2o,0.2"), target)
     # and when the configuration is parsed, before any run: run, sweep and divergence parse first
     with pytest.raises(SpecError, match=message):
         Configuration.parse("evict:h2o,0.2", target, cache)

@@ -2,13 +2,14 @@
 
 import numpy as np
 
-from kvinject.options import FLASH_ATTN, CacheOptions
+from kvinject.engine.context import Context
+from kvinject.engine.options import FLASH_ATTN, CacheOptions
 
 PROMPT = "The quick brown fox jumps over the lazy dog because it wants to see what lies beyond the hill."
 
 
 def last_logits(model, cache: CacheOptions) -> np.ndarray:
-    with model.context(cache, n_ctx=128) as ctx:
+    with Context(model, cache, n_ctx=128) as ctx:
         ctx.prefill(model.tokenize(PROMPT))
         return ctx.logits(-1).copy()
 

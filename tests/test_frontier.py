@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvinject.plots import family, interval, pareto
+from kvinject.analysis.plots import family, interval, pareto
 
 from .cli_runs import PNG, kvinject, swept
 
@@ -75,8 +75,8 @@ def test_report_draws_the_frontier_of_a_sweep(tmp_path, tiny_path):
 
 
 def test_frontier_names_a_store_without_bits(tmp_path):
+    from kvinject.analysis.plots import frontier
     from kvinject.exceptions import KvinjectError
-    from kvinject.plots import frontier
 
     df = pd.DataFrame([{"model": "m", "bench": "perplexity", "label": "none", "metric": "ppl", "mean": 10.0, "ci_low": 9.0, "ci_high": 11.0}])
     with pytest.raises(KvinjectError, match="--frontier needs the bits per element"):

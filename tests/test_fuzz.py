@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvinject.benchmarks import BENCHMARKS
-from kvinject.config import Configuration
+from kvinject.engine.target import Target, parse_layers
 from kvinject.error_models import REGISTRY, parse_error
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import KvinjectError
-from kvinject.grid import load_grid
-from kvinject.target import Target, parse_layers
+from kvinject.experiments.grid import load_grid
 
 # Derandomized: CI checks the same examples every time; explore with --hypothesis-seed=random.
 FAST = settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -9,10 +9,10 @@ import importlib.util
 import pytest
 
 from kvinject.benchmarks import Perplexity
-from kvinject.config import Configuration
-from kvinject.model import Model
-from kvinject.options import BackendOptions, CacheOptions
-from kvinject.runner import run
+from kvinject.engine.model import Model
+from kvinject.engine.options import BackendOptions, CacheOptions
+from kvinject.error_models.configuration import Configuration
+from kvinject.experiments.runner import run
 
 from .conftest import SHARED
 

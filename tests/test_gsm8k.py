@@ -8,21 +8,12 @@ import re
 
 import pytest
 
-from kvinject.batching import Generation
 from kvinject.benchmarks.arithmetic import MAX_STEPS, MIN_STEPS, OPS, generate
-from kvinject.benchmarks.gsm8k import (
-    CHAT_INSTRUCTION,
-    GSM8K,
-    INVALID,
-    extract_flexible,
-    extract_strict,
-    load_items,
-    normalize,
-    truncate,
-)
-from kvinject.config import Configuration
+from kvinject.benchmarks.gsm8k import CHAT_INSTRUCTION, GSM8K, INVALID, extract_flexible, extract_strict, load_items, normalize, truncate
+from kvinject.engine.batching import Generation
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import DataError
-from kvinject.runner import run
+from kvinject.experiments.runner import run
 
 from .conftest import SHARED
 

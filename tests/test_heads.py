@@ -10,13 +10,14 @@ import pandas as pd
 import pytest
 
 from kvinject.benchmarks import make_bench
-from kvinject.config import Configuration
+from kvinject.engine.context import Context
+from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import SpecError
-from kvinject.grid import GridError, build_grid
-from kvinject.runner import run
-from kvinject.store import Store
-from kvinject.target import Target
+from kvinject.experiments.grid import GridError, build_grid
+from kvinject.experiments.runner import run
+from kvinject.experiments.store import Store
 
 from .cli_runs import kvinject
 from .replay import F32, Recorded, assert_selecting_everything_changes_nothing, prefill_and_step
@@ -100,12 +101,12 @@ def test_kvquant_keys_by_head_keep_their_sinks(tiny):
 )
 def test_groups_across_heads_are_refused(tiny, spec, target, message):
     with pytest.raises(SpecError, match=message):
-        tiny.context(F32, parse_error(spec), Target.parse(target, heads="0"))
+        Context(tiny, F32, parse_error(spec), Target.parse(target, heads="0"))
     bench = make_bench("perplexity", {"ctx": 64, "chunks": 1})
     with pytest.raises(SpecError, match=message):  # before the control runs
         list(run(tiny, [bench], [Configuration(), Configuration.parse(spec, Target.parse(target, heads="0"))], runs=1))
-    tiny.context(F32, parse_error("quant:4,group=64"), Target.parse("kv", heads="0")).close()  # a group of one head
-    tiny.context(F32, parse_error("kvquant:4,calib=64"), Target.parse("k", heads="0")).close()  # K per channel
+    Context(tiny, F32, parse_error("quant:4,group=64"), Target.parse("kv", heads="0")).close()  # a group of one head
+    Context(tiny, F32, parse_error("kvquant:4,calib=64"), Target.parse("k", heads="0")).close()  # K per channel
 
 
 def test_a_head_the_model_lacks_and_models_that_cannot_select_heads_are_refused(tiny):

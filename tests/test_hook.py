@@ -8,12 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from kvinject.engine.context import Context
+from kvinject.engine.graph_plan import GraphNode, Plan
+from kvinject.engine.model import Model
+from kvinject.engine.options import BackendOptions, CacheOptions
+from kvinject.engine.target import Target
 from kvinject.error_models import REGISTRY, CacheResident, ErrorModel, Multiplicative, parse_error
 from kvinject.exceptions import InjectionError, ModelError
-from kvinject.hook import GraphNode, Plan
-from kvinject.model import Model
-from kvinject.options import BackendOptions, CacheOptions
-from kvinject.target import Target
 
 from .cache_state import read_cache
 
@@ -33,7 +34,7 @@ CACHES = [
 
 def run(model, spec="none", cache=F32, target=None, seed=0, steps=3):
     """Prefill PROMPT and decode a few greedy tokens; return every logit vector and the context."""
-    ctx = model.context(cache, parse_error(spec), target, seed=seed)
+    ctx = Context(model, cache, parse_error(spec), target, seed=seed)
     tokens = model.tokenize(PROMPT)
     ctx.begin_item(0, 0, len(tokens))
     ctx.prefill(tokens)
@@ -210,7 +211,7 @@ def test_the_compiled_and_the_python_path_write_the_same_cache_and_measure_the_s
     model = parse_error(spec)
     caches, stats = [], []
     for error in (model, InPython(model)):
-        with tiny.context(F32, error, n_seq=2, n_ctx=256, seed=5) as ctx:
+        with Context(tiny, F32, error, n_seq=2, n_ctx=256, seed=5) as ctx:
             ctx.begin_item(3, 0)
             ctx.begin_item(8, 1)
             ctx.decode([(t, i, 0, False) for i, t in enumerate(a)] + [(t, i, 1, False) for i, t in enumerate(b)])
@@ -273,18 +274,18 @@ class Boom(ErrorModel):
 
 
 def test_an_exception_in_the_callback_fails_the_decode_clearly(tiny):
-    ctx = tiny.context(F32, Boom())
+    ctx = Context(tiny, F32, Boom())
     with pytest.raises(InjectionError, match="RuntimeError: kaboom"):
         ctx.prefill(tiny.tokenize(PROMPT))
     ctx.close()
 
 
 def test_a_graph_without_the_expected_nodes_is_an_error_not_a_silent_run(tiny, monkeypatch):
-    from kvinject import hook
+    from kvinject.engine import hook
 
     monkeypatch.setattr(hook.KVHook, "_node_name", staticmethod(lambda c, il: f"{c.upper()}new-{il}".encode()))
     with pytest.raises(ModelError, match="not supported"):
-        tiny.context(F32, parse_error("normal:0,0.1"))
+        Context(tiny, F32, parse_error("normal:0,0.1"))
 
 
 def test_one_claim_per_layer_changes_both_k_and_v(tiny):
@@ -325,7 +326,7 @@ def test_plan_follows_graph_order_whichever_comes_first():
 
 
 def test_a_full_cache_fails_with_its_own_message_not_the_hook_s(tiny):
-    with tiny.context(F32, parse_error("normal:0,0.1"), n_ctx=256) as ctx:
+    with Context(tiny, F32, parse_error("normal:0,0.1"), n_ctx=256) as ctx:
         tokens = [10 + i % 50 for i in range(250)]
         ctx.decode([(t, i, 0, False) for i, t in enumerate(tokens)])
         with pytest.raises(InjectionError, match="KV cache full"):
@@ -335,7 +336,7 @@ def test_a_full_cache_fails_with_its_own_message_not_the_hook_s(tiny):
 
 
 def _claims_per_decode(model):
-    ctx = model.context(F32, parse_error("normal:0,0.1"))
+    ctx = Context(model, F32, parse_error("normal:0,0.1"))
     tokens = model.tokenize(PROMPT)
     ctx.begin_item(0, 0, len(tokens))
     ctx.prefill(tokens)

@@ -6,8 +6,8 @@ import huggingface_hub
 import huggingface_hub.constants
 import pytest
 
+from kvinject.engine.model import resolve_model
 from kvinject.exceptions import ModelError
-from kvinject.model import resolve_model
 
 
 def offline(**kwargs):

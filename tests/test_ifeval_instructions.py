@@ -3,7 +3,7 @@
 import pytest
 
 from kvinject.benchmarks.ifeval import INSTRUCTIONS, build_instruction
-from kvinject.benchmarks.ifeval.instructions import count_sentences, count_words, nltk_words
+from kvinject.benchmarks.ifeval.text import count_sentences, count_words, nltk_words
 from kvinject.exceptions import DataError
 
 EN_UPPER = "THIS IS AN ENGLISH SENTENCE WRITTEN ENTIRELY IN CAPITAL LETTERS FOR THE TEST."

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from kvinject import interrupts
+from kvinject.engine.context import Context
+from kvinject.engine.llama_log import _Log
+from kvinject.engine.model import Model
+from kvinject.engine.options import CacheOptions
 from kvinject.error_models import ErrorModel
-from kvinject.llama_log import _Log
-from kvinject.model import Model
-from kvinject.options import CacheOptions
 
 _CMP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
 _pressed: list[bool] = []
@@ -96,7 +97,7 @@ class _CtrlC(ErrorModel):
 
 
 def test_ctrl_c_in_the_hook_s_python_side_is_a_keyboard_interrupt(handler, tiny):
-    ctx = tiny.context(CacheOptions("f32", "f32", "on"), _CtrlC())
+    ctx = Context(tiny, CacheOptions("f32", "f32", "on"), _CtrlC())
     with pytest.raises(KeyboardInterrupt):  # not an InjectionError, with or without the handler
         ctx.prefill(tiny.tokenize("The quick brown fox jumps over the lazy dog."))
         time.sleep(5)
@@ -112,7 +113,7 @@ def test_ctrl_c_while_the_cli_loads_ends_it_without_a_traceback():
         "    while 'kvinject.benchmarks' not in sys.modules: time.sleep(0.001)\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "threading.Thread(target=press, daemon=True).start()\n"
-        "from kvinject.launch import main\n"
+        "from kvinject.cli.launch import main\n"
         "sys.argv = ['kvinject', 'version']\n"
         "main()\n"
     )

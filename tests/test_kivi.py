@@ -11,12 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvinject.batching import generate_all
-from kvinject.config import Configuration
+from kvinject.engine.batching import generate_all
+from kvinject.engine.context import Context
+from kvinject.engine.options import CacheOptions
+from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import SpecError
-from kvinject.options import CacheOptions
-from kvinject.target import Target
 
 from .cache_state import read_cache, read_cells
 
@@ -102,7 +103,7 @@ class Watch:
 def generate(model, spec: str, cache=F32, target=None, n_seq=1, n_batch=6, prompts=PROMPTS[:1], max_tokens=12):
     """Greedy generation after each prompt (prompts decoded in pieces of ``n_batch``, generated
     tokens of all sequences in one decode), every step watched."""
-    with model.context(cache, parse_error(spec), target, n_ctx=256, n_seq=n_seq, n_batch=n_batch) as ctx:
+    with Context(model, cache, parse_error(spec), target, n_ctx=256, n_seq=n_seq, n_batch=n_batch) as ctx:
         watch = Watch(ctx, spec, target or Target())
         out = dict(generate_all(ctx, [model.tokenize(p) for p in prompts], max_tokens, ignore_eos=True))
         return out, watch, ctx.realized
@@ -147,7 +148,7 @@ def test_target_v_on_one_layer_changes_only_that_layer_s_v(tiny):
 
 def test_a_residual_covering_everything_is_bit_identical_to_the_control(tiny):
     spec = "kivi:2,group=4,residual=4096"
-    with tiny.context(F32, parse_error("none"), n_ctx=256) as clean, tiny.context(F32, parse_error(spec), n_ctx=256) as kivi:
+    with Context(tiny, F32, parse_error("none"), n_ctx=256) as clean, Context(tiny, F32, parse_error(spec), n_ctx=256) as kivi:
         tokens = tiny.tokenize(PROMPTS[0])
         logits = []
         for ctx in (clean, kivi):
@@ -170,7 +171,7 @@ def test_prompt_pieces_change_what_later_pieces_attend_to_but_not_where_kivi_end
     tokens = tiny.tokenize(PROMPTS[0] + " " + PROMPTS[1])
     caches = []
     for n_batch in (len(tokens), 8):
-        with tiny.context(F32, parse_error(f"kivi:2,group={GROUP},residual={RESIDUAL}"), n_ctx=256, n_batch=n_batch) as ctx:
+        with Context(tiny, F32, parse_error(f"kivi:2,group={GROUP},residual={RESIDUAL}"), n_ctx=256, n_batch=n_batch) as ctx:
             ctx.prefill(tokens)
             caches.append(read_cache(ctx))
     assert np.array_equal(caches[0]["k", 0], caches[1]["k", 0]) and np.array_equal(caches[0]["v", 0], caches[1]["v", 0])
@@ -186,20 +187,20 @@ def test_prompt_pieces_change_what_later_pieces_attend_to_but_not_where_kivi_end
 )
 def test_quantized_caches_are_refused_in_one_line(tiny, cache, target, message):
     with pytest.raises(SpecError, match=message):
-        tiny.context(cache, parse_error("kivi:2"), target)
+        Context(tiny, cache, parse_error("kivi:2"), target)
     with pytest.raises(SpecError, match=message):  # and before any run
         Configuration.parse("kivi:2", target, cache)
 
 
 def test_a_quantized_cache_kivi_does_not_touch_is_fine(tiny):
-    with tiny.context(CacheOptions("f16", "q8_0", "on"), parse_error("kivi:2,group=4,residual=8"), Target("k"), n_ctx=256) as ctx:
+    with Context(tiny, CacheOptions("f16", "q8_0", "on"), parse_error("kivi:2,group=4,residual=8"), Target("k"), n_ctx=256) as ctx:
         ctx.prefill(tiny.tokenize(PROMPTS[0]))
         assert ctx.realized.k.values > 0 and ctx.realized.v.values == 0
 
 
 def test_v_groups_must_divide_the_head_dimension(tiny):
     with pytest.raises(SpecError, match="group 48 does not divide the head dimension 64"):
-        tiny.context(F32, parse_error("kivi:2,group=48,residual=96"))
+        Context(tiny, F32, parse_error("kivi:2,group=48,residual=96"))
 
 
 @pytest.mark.parametrize(

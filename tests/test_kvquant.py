@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 from llama_cpp import llama_cpp as ll
 
-from kvinject import ggml
+from kvinject.engine import ggml
+from kvinject.engine.context import Context
+from kvinject.engine.graph_plan import GraphNode, Plan
+from kvinject.engine.options import CacheOptions
+from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
 from kvinject.error_models.kvquant import calibration_tokens
 from kvinject.exceptions import ModelError, SpecError
-from kvinject.hook import GraphNode, Plan
-from kvinject.options import CacheOptions
-from kvinject.target import Target
 
 from .cache_state import read_cache
 
@@ -150,14 +151,14 @@ def pre_rope_calibration(model) -> dict[int, np.ndarray]:
 
 def post_rope_calibration(model) -> dict[int, np.ndarray]:
     """Every layer's K after RoPE over the calibration tokens: a control's cache."""
-    with model.context(F32, n_ctx=CALIB) as ctx:
+    with Context(model, F32, n_ctx=CALIB) as ctx:
         ctx.prefill(calibration_tokens(model, CALIB))
         return {il: rows for (c, il), rows in read_cache(ctx).items() if c == "k"}
 
 
 def checked(model, spec: str, target: Target | None = None, n_batch: int = 512) -> dict:
     """The cache after the prompt (in pieces of ``n_batch``) and STEPS, under ``spec``."""
-    with model.context(F32, parse_error(spec), target, n_ctx=256, n_batch=n_batch) as ctx:
+    with Context(model, F32, parse_error(spec), target, n_ctx=256, n_batch=n_batch) as ctx:
         tokens = model.tokenize(PROMPT)
         ctx.prefill(tokens)
         for i, token in enumerate(STEPS):
@@ -180,7 +181,7 @@ def test_k_in_the_cache_is_rope_of_k_quantized_before_rope(tiny, outliers):
         replica.decode([token], len(tokens) + i)
     expect = read_cache(replica)
     replica.close()
-    with tiny.context(F32, n_ctx=256) as control:
+    with Context(tiny, F32, n_ctx=256) as control:
         control.prefill(tokens)
         for i, token in enumerate(STEPS):
             control.decode([(token, len(tokens) + i, 0, False)])
@@ -242,7 +243,7 @@ def test_sink_tokens_stay_exact(tiny, site):
 def test_bits_count_scales_outliers_and_sinks_at_the_run_s_lengths(tiny):
     model = parse_error(f"kvquant:4,outliers=0.01,sinks=4,calib={CALIB}")
     row = tiny.n_head_kv * tiny.head_dim_k
-    with tiny.context(F32, model, n_ctx=64) as ctx:
+    with Context(tiny, F32, model, n_ctx=64) as ctx:
         ctx.prefill(list(range(1, 21)))
         ctx.forget(0)
         ctx.prefill(list(range(1, 3)))
@@ -311,7 +312,7 @@ def test_nuq_levels_are_k_means_of_the_normalized_calibration_and_the_cache_hold
     out (KVQuant's first_few_fp16), and the sinks stay exact in the cache."""
     spec = f"kvquant:3,site=post-rope,outliers=0.05,levels=nuq,calib={CALIB}" + (f",sinks={sinks}" if sinks else "")
     fitted = parse_error(spec).fit(tiny, F32)
-    with tiny.context(F32, n_ctx=CALIB) as ctx:
+    with Context(tiny, F32, n_ctx=CALIB) as ctx:
         ctx.prefill(calibration_tokens(tiny, CALIB))
         calibration = read_cache(ctx)
     k_lo, k_hi = (np.float32(q) for q in np.percentile(calibration["k", 0], [2.5, 97.5], axis=0))

@@ -9,21 +9,17 @@ from itertools import pairwise
 
 import pytest
 
+from kvinject.analysis.aggregate import aggregate
+from kvinject.analysis.plots import cell_scores, heatmap
+from kvinject.analysis.report import load_records, summarize
 from kvinject.benchmarks import make_bench
-from kvinject.benchmarks.haystack import (
-    NOISE,
-    build_prompt,
-    filler_sentences,
-    string_match_all,
-)
+from kvinject.benchmarks.haystack import NOISE, build_prompt, filler_sentences, string_match_all
 from kvinject.benchmarks.niah import Niah
 from kvinject.benchmarks.vt import EXAMPLE_NOISE_BLOCKS
-from kvinject.config import Configuration
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import DataError, KvinjectError, SpecError
-from kvinject.plots import cell_scores, heatmap
-from kvinject.report import load_records, summarize
-from kvinject.runner import aggregate, run
-from kvinject.store import Store
+from kvinject.experiments.runner import run
+from kvinject.experiments.store import Store
 
 from .cli_runs import PNG, kvinject, swept
 
@@ -300,8 +296,8 @@ def test_niah_accuracy_is_pass_fail_when_one_value_is_asked(family, pass_fail):
 
 
 def test_long_prompts_share_fewer_sequences_unless_parallel_is_given(tiny_path):
-    from kvinject.model import Model
-    from kvinject.options import BackendOptions
+    from kvinject.engine.model import Model
+    from kvinject.engine.options import BackendOptions
 
     bench = make_bench("passkey", {})
     with Model(str(tiny_path)) as default, Model(str(tiny_path), BackendOptions(parallel=8)) as given:

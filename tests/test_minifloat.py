@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from kvinject.benchmarks import make_bench
-from kvinject.config import Configuration
+from kvinject.engine.context import Context
+from kvinject.engine.options import CacheOptions
+from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
+from kvinject.error_models.configuration import Configuration
 from kvinject.error_models.minifloat import FORMATS
 from kvinject.exceptions import SpecError
-from kvinject.options import CacheOptions
-from kvinject.runner import run
-from kvinject.target import Target
+from kvinject.experiments.runner import run
 
 # name -> (exponent bits, mantissa bits, which codes are not finite numbers)
 SPECS = {
@@ -118,7 +119,7 @@ def test_mx_block_must_divide_the_row(tiny) -> None:
     with pytest.raises(SpecError, match="does not divide"):
         rounded("float:e4m3,block=48", np.ones((2, 64), np.float32))
     with pytest.raises(SpecError, match="'float:e4m3,block=48' computes groups of 48 components, which do not divide the K row of 128"):
-        tiny.context(CacheOptions(), parse_error("float:e4m3,block=48"))
+        Context(tiny, CacheOptions(), parse_error("float:e4m3,block=48"))
     bench = make_bench("perplexity", {"ctx": 64, "chunks": 1})
     with pytest.raises(SpecError, match="'quant:4,group=48' computes groups of 48"):  # before the control runs
         list(run(tiny, [bench], [Configuration(), Configuration.parse("quant:4,group=48", Target.parse("v"))], runs=1))
@@ -145,7 +146,7 @@ def test_bits_per_element_count_the_shared_scale(spec: str, bits: float) -> None
 
 @pytest.mark.parametrize("fmt", sorted(SPECS))
 def test_rounding_is_ml_dtypes_conversion_bit_for_bit(fmt: str) -> None:
-    """kvinject/rounding.py against ml_dtypes' conversion after saturation (what `float:` did
+    """kvinject/engine/rounding.py against ml_dtypes' conversion after saturation (what `float:` did
     before it was compiled, so results stored then stand): every float16 value, random float32
     bit patterns, infinities and NaN; zeros' signs included."""
     dtype = FORMATS[fmt]

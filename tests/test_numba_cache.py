@@ -1,17 +1,17 @@
 """numba's cache of a function that inlines another module's: numba alone keeps running the old
-inlined code after that module changes; stamped with it (kvinject/numba_cache.py), the function
+inlined code after that module changes; stamped with it (kvinject/engine/numba_cache.py), the function
 compiles anew. Each run is a new process, as each kvinject command is."""
 
 import subprocess
 import sys
 
-from kvinject import graph_callback, numba_cache, rounding, variates
+from kvinject.engine import graph_callback, numba_cache, rounding, variates
 
 HELPER = "from numba import njit\n\n\n@njit(cache=True)\ndef value():\n    return {}\n"
 CALLER = """import sys
 
 import helper
-from kvinject import numba_cache
+from kvinject.engine import numba_cache
 
 if {stamped}:
     numba_cache.stamp_with(__file__, [helper.__file__])

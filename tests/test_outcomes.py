@@ -3,15 +3,16 @@
 import numpy as np
 import pytest
 
-from kvinject.batching import generate_all
 from kvinject.benchmarks import make_bench
-from kvinject.config import Configuration
+from kvinject.benchmarks.outcomes import classify
+from kvinject.engine.batching import generate_all
+from kvinject.engine.context import Context
+from kvinject.engine.options import CacheOptions
+from kvinject.engine.target import Target
 from kvinject.error_models import Draws, parse_error
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import InjectionError, SpecError
-from kvinject.options import CacheOptions
-from kvinject.outcomes import classify
-from kvinject.runner import run
-from kvinject.target import Target
+from kvinject.experiments.runner import run
 
 from .cache_state import read_cells
 from .cli_runs import PNG, kvinject, swept
@@ -119,7 +120,7 @@ def test_faults_flip_exactly_k_values_of_each_prompt_and_nothing_else(tiny, fmt,
     prompts = [tiny.tokenize("The quick brown fox jumps over the lazy dog."), tiny.tokenize("One two three four five six seven eight nine ten eleven.")]
     caches, realized = {}, {}
     for spec in ("none", faulty_spec):
-        with tiny.context(cache, parse_error(spec), Target.parse("kv", "1"), seed=5, n_ctx=128) as ctx:
+        with Context(tiny, cache, parse_error(spec), Target.parse("kv", "1"), seed=5, n_ctx=128) as ctx:
             caches[spec] = [read_cells(ctx) for _ in generate_all(ctx, prompts, 4, items=[0, 1])]
             realized[spec] = ctx.realized.summary()
     # The realized statistics count the faults, not the rounding to the format they start from.
@@ -139,7 +140,7 @@ def test_faults_flip_exactly_k_values_of_each_prompt_and_nothing_else(tiny, fmt,
 
 
 def test_faults_need_an_item_s_prompt(tiny):
-    with tiny.context(error=parse_error("faults:1")) as ctx, pytest.raises(InjectionError, match="run it through a benchmark"):
+    with Context(tiny, error=parse_error("faults:1")) as ctx, pytest.raises(InjectionError, match="run it through a benchmark"):
         ctx.prefill(tiny.tokenize("Hello there"))
 
 

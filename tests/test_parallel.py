@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvinject.batching import generate_all
 from kvinject.benchmarks import NextToken, Perplexity
-from kvinject.config import Configuration
+from kvinject.engine.batching import generate_all
+from kvinject.engine.context import Context
+from kvinject.engine.model import Model
+from kvinject.engine.options import BackendOptions, CacheOptions
 from kvinject.error_models import parse_error
-from kvinject.model import Model
-from kvinject.options import BackendOptions, CacheOptions
-from kvinject.runner import run
+from kvinject.error_models.configuration import Configuration
+from kvinject.experiments.runner import run
 
 from .cache_state import read_cache
 
@@ -32,7 +33,7 @@ def layer0_factors(tiny, spec, decodes, seq):
     K and V do not depend on earlier injection, so the factor is exactly the injected 1 + e."""
     caches = []
     for error in ("none", spec):
-        with tiny.context(F32, parse_error(error), n_seq=2, n_ctx=256, seed=3) as ctx:
+        with Context(tiny, F32, parse_error(error), n_seq=2, n_ctx=256, seed=3) as ctx:
             for seq_of, item in decodes["items"]:
                 ctx.begin_item(item, seq_of)
             for entries in decodes["batches"]:
@@ -57,7 +58,7 @@ def test_an_item_gets_the_same_noise_in_a_shared_decode_as_alone(tiny):
 
 def generate(model, spec, n_seq, seed=0, stop=None):
     prompts = [model.tokenize(t) for t in TEXTS]
-    with model.context(error=parse_error(spec), n_seq=n_seq, n_ctx=n_seq * 64, seed=seed) as ctx:
+    with Context(model, error=parse_error(spec), n_seq=n_seq, n_ctx=n_seq * 64, seed=seed) as ctx:
         out = dict(generate_all(ctx, prompts, 12, stop=stop, items=range(len(prompts))))
         sites = dict(ctx.hook.site_counts) if ctx.hook else {}
     return [out[i].tokens for i in range(len(prompts))], sites

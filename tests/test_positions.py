@@ -12,14 +12,15 @@ import sys
 import numpy as np
 import pytest
 
-from kvinject.batching import generate_all
 from kvinject.benchmarks import make_bench
-from kvinject.config import Configuration
+from kvinject.engine.batching import generate_all
+from kvinject.engine.context import Context
+from kvinject.engine.positions import Positions
+from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import SpecError
-from kvinject.grid import GridError, build_grid
-from kvinject.positions import Positions
-from kvinject.target import Target
+from kvinject.experiments.grid import GridError, build_grid
 
 from .replay import F32, Recorded, assert_selecting_everything_changes_nothing, prefill_and_step
 
@@ -166,7 +167,7 @@ def test_spans_a_bench_does_not_declare_and_cache_resident_models_are_refused():
 
 def test_a_context_refuses_positions_with_a_cache_resident_model(tiny):
     with pytest.raises(SpecError, match="--positions does not apply to 'kivi'"):
-        tiny.context(F32, parse_error("kivi:2"), Target.parse("kv", None, "first:4"))
+        Context(tiny, F32, parse_error("kivi:2"), Target.parse("kv", None, "first:4"))
 
 
 def test_gsm8k_declares_its_worked_examples_and_the_question(tiny):

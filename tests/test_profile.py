@@ -4,13 +4,13 @@ import pandas as pd
 import pytest
 
 from kvinject.benchmarks import make_bench
-from kvinject.config import Configuration
+from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import KvinjectError
-from kvinject.profile import sensitivity
-from kvinject.runner import run
-from kvinject.store import Store
-from kvinject.target import Target
+from kvinject.experiments.profile import sensitivity
+from kvinject.experiments.runner import run
+from kvinject.experiments.store import Store
 
 from .cli_runs import PNG, kvinject
 

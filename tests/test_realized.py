@@ -9,7 +9,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from kvinject.realized import RealizedStats, Workspace
+from kvinject.engine.realized import RealizedStats, Workspace
 
 
 def reference(b: np.ndarray, a: np.ndarray) -> dict[str, float]:

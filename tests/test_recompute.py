@@ -8,15 +8,17 @@ import math
 import numpy as np
 import pytest
 
-from kvinject.batching import generate_all
+from kvinject.analysis.aggregate import aggregate
 from kvinject.benchmarks import make_bench
-from kvinject.config import Configuration, configurations
-from kvinject.drift import compare
+from kvinject.benchmarks.drift import compare
+from kvinject.engine.batching import generate_all
+from kvinject.engine.cache_free import generate_cache_free, greedy, one_pass, pass_context
+from kvinject.engine.context import Context
+from kvinject.engine.options import CacheOptions
 from kvinject.error_models import parse_error
+from kvinject.error_models.configuration import Configuration, configurations
 from kvinject.exceptions import SpecError
-from kvinject.options import CacheOptions
-from kvinject.recompute import generate_cache_free, greedy, one_pass, pass_context
-from kvinject.runner import aggregate, run
+from kvinject.experiments.runner import run
 
 from .test_cli import kvinject
 
@@ -54,7 +56,7 @@ def test_cache_free_generation_equals_one_pass_per_token(tiny):
     cache = CacheOptions("f32", "f32", "off")
     prompts = [tiny.tokenize("The capital of France is"), tiny.tokenize("Once upon a time, in a land far away, there")]
     with (
-        tiny.context(cache, parse_error("normal:0,1"), n_ctx=128, n_seq=2) as draft,
+        Context(tiny, cache, parse_error("normal:0,1"), n_ctx=128, n_seq=2) as draft,
         pass_context(tiny, cache, 64) as verify,
         pass_context(tiny, cache, 64) as naive,
     ):
@@ -99,7 +101,7 @@ def test_an_f32_cache_against_recompute_f32_is_measured(tiny):
 
 def test_a_cached_generation_keeps_the_logits_of_its_picks(tiny):
     prompt = tiny.tokenize("The capital of France is")
-    with tiny.context(n_ctx=64) as ctx:
+    with Context(tiny, n_ctx=64) as ctx:
         ((_, plain),) = generate_all(ctx, [prompt], 6)
         ((_, kept),) = generate_all(ctx, [prompt], 6, keep_logits=True)
         ((_, continued),) = generate_all(ctx, [prompt], 6, prefixes=[kept.tokens[:2]], keep_logits=True)

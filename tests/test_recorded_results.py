@@ -1,7 +1,7 @@
 """The benchmarks' results stay bit-identical to those recorded (tests/fixtures/recorded_results*.json,
 written by tests/recorded_results.py): every metric, per-item value, realized-error statistic,
 token count and response. Recorded from commit b20b749, before the benchmark plug-in refactor;
-recorded again when the noise generator became kvinject/variates.py, which changed the noisy
+recorded again when the noise generator became kvinject/engine/variates.py, which changed the noisy
 configurations' results and left the others' (none, quant, q8_0) bit-identical; the AVX2 one again
 when chat prompts became the model's own Jinja template (ifeval's prompts gained the template's
 system turn; nexttoken's and perplexity's results bit-identical to the recording before). A CPU's kernels
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvinject.model import versions
+from kvinject.engine.model import versions
 
 from .recorded_results import record
 

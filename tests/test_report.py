@@ -6,10 +6,10 @@ import math
 import pandas as pd
 import pytest
 
-from kvinject.config import Configuration
+from kvinject.analysis.plots import bits_per_element, plot, score_range
+from kvinject.analysis.report import experiments, render, select, study_table, terminal_tables
+from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import KvinjectError
-from kvinject.plots import bits_per_element, plot, score_range
-from kvinject.report import experiments, render, select, study_table, terminal_tables
 
 
 def _row(model, sha, label, lengths, n=1, family=None):
@@ -173,7 +173,7 @@ def test_q_adjusts_the_tests_that_share_a_control_and_no_others():
 def test_report_tables_fold_names_before_numbers_and_crop_nothing():
     from rich.console import Console
 
-    from kvinject.tables import report_table
+    from kvinject.analysis.tables import report_table
 
     labels = ["none", "kvquant:4,site=pre-rope,outliers=0.01,sinks=1,levels=nuq", "bitflip:0.0001,field=any,bit=14"]
     rows = [_row("m.gguf", "1" * 12, label, [1024], n=1 if label == "none" else 3) | {"nonfinite_items": 2} for label in labels]

@@ -9,9 +9,8 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from kvinject.jsonutil import dumps
-from kvinject.report import study_table
-from kvinject.stats import (
+from kvinject.analysis.report import study_table
+from kvinject.analysis.stats import (
     PairedTest,
     RunSummary,
     across_runs,
@@ -25,6 +24,7 @@ from kvinject.stats import (
     proportion_ci,
     wilcoxon_paired,
 )
+from kvinject.jsonutil import dumps
 
 T_975_4 = 2.7764451051977987  # t_{0.975} with 4 degrees of freedom
 

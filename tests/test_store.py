@@ -13,19 +13,10 @@ import time
 
 import pytest
 
-from kvinject import cli
-from kvinject.grid import load_grid
-from kvinject.store import (
-    APPLICATION_ID,
-    RUNS,
-    SCHEMA_VERSION,
-    UPGRADE,
-    Claim,
-    Store,
-    StoreError,
-    Worker,
-)
-from kvinject.sweep import Sweep
+from kvinject.cli import app as cli
+from kvinject.experiments.grid import load_grid
+from kvinject.experiments.store import APPLICATION_ID, RUNS, SCHEMA_VERSION, UPGRADE, Claim, Store, StoreError, Worker
+from kvinject.experiments.sweep import Sweep
 
 GRID = """
 [sweep]
@@ -275,7 +266,7 @@ def test_a_store_stamped_while_it_is_being_identified_opens(tmp_path, monkeypatc
         db.set_trace_callback(trace)
         return db
 
-    monkeypatch.setattr("kvinject.store.sqlite3.connect", stamp_midway)
+    monkeypatch.setattr("kvinject.experiments.store.sqlite3.connect", stamp_midway)
     with Store(path) as store:
         assert store.done() == set()
     assert stamped_store(path)

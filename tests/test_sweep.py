@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from kvinject.grid import GridError, bench_labels, load_grid
-from kvinject.report import summarize
-from kvinject.store import Store
-from kvinject.sweep import Sweep
+from kvinject.analysis.report import summarize
+from kvinject.experiments.grid import GridError, bench_labels, load_grid
+from kvinject.experiments.store import Store
+from kvinject.experiments.sweep import Sweep
 
 GRID = """
 [sweep]

@@ -4,7 +4,7 @@ import io
 
 from rich.console import Console
 
-from kvinject.tables import bench_table, print_width
+from kvinject.analysis.tables import bench_table, print_width
 
 
 def _aggregate(label, n, mean, std, ci, items_ci, percent_ci, p):

@@ -1,7 +1,7 @@
 import pytest
 
+from kvinject.engine.target import Target, format_indices, parse_heads, parse_layers
 from kvinject.exceptions import SpecError
-from kvinject.target import Target, format_indices, parse_heads, parse_layers
 
 
 def test_parse_layers_reads_ranges_and_lists() -> None:

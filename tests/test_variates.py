@@ -1,4 +1,4 @@
-"""The counter-based generator of the multiplicative models (kvinject/variates.py): its ziggurat
+"""The counter-based generator of the multiplicative models (kvinject/engine/variates.py): its ziggurat
 against the definition of its layers, its laws against their distributions, its streams
 against how they are sliced, and the factors that reach the cache against the spec."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from kvinject.config import Configuration
-from kvinject.variates import _F, _X, GENERATOR, NORMAL, SIGN, UNIFORM, Variates, factors
+from kvinject.engine.variates import _F, _X, GENERATOR, NORMAL, SIGN, UNIFORM, Variates, factors
+from kvinject.error_models.configuration import Configuration
 
 from .cache_state import read_cache
 from .test_hook import run

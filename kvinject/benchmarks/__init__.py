@@ -1,22 +1,21 @@
 """Benchmarks scored under K/V error, by name.
 
 Every module of this package is imported, and every Benchmark subclass with a ``name``
-registers itself: a new benchmark is one file here (docs/extending.md).
+registers itself: a new benchmark is one file here, or one module of another package named
+under the entry-point group ``kvinject.benchmarks`` (docs/extending.md).
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import Field, fields
 from typing import Any
 
 from ..exceptions import KvinjectError, SpecError
+from ..plugins import load_plugins
 from .base import BENCHMARKS, Benchmark, GenerationBenchmark, Plan, RunResult
 from .options import Options, flag
 
-for _module in pkgutil.walk_packages(__path__, __name__ + "."):
-    importlib.import_module(_module.name)
+load_plugins(__path__, __name__, "kvinject.benchmarks", lambda cls: None)  # a subclass registers as it is defined
 
 
 def bench_class(name: str) -> type[Benchmark]:

@@ -11,21 +11,21 @@ from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 
-from ..batching import Generation, generate_all
-from ..config import Configuration
-from ..context import Context
-from ..drift import METRICS as DRIFT
-from ..drift import compare
-from ..drift import summarize as summarize_drift
+from ..engine.batching import Generation, generate_all
+from ..engine.cache_free import generate_cache_free, one_pass, pass_context
+from ..engine.context import Context
+from ..engine.model import Model
+from ..engine.positions import GENERATION_SPANS, Spans
+from ..engine.realized import Realized
+from ..engine.speed import Speed
+from ..error_models.configuration import Configuration
 from ..exceptions import DataError, SpecError
-from ..model import Model
-from ..outcomes import METRICS as OUTCOMES
-from ..outcomes import classify
-from ..positions import GENERATION_SPANS, Spans
-from ..realized import Realized
-from ..recompute import generate_cache_free, one_pass, pass_context
-from ..speed import Speed
+from .drift import METRICS as DRIFT
+from .drift import compare
+from .drift import summarize as summarize_drift
 from .options import Options
+from .outcomes import METRICS as OUTCOMES
+from .outcomes import classify
 
 # progress(advance) is called as items finish; benchmarks report how many units they will do.
 Progress = Callable[[int], None]
@@ -181,7 +181,7 @@ class GenerationBenchmark(Benchmark):
     """A benchmark that generates after each item's prompt (continuous batching, per-item
     noise streams) and scores each generation; divergence from the control's tokens comes
     with every other configuration, and against a cache-free control (``recompute``) the
-    token flips and logit drift of every configuration (kvinject/drift.py)."""
+    token flips and logit drift of every configuration (kvinject/benchmarks/drift.py)."""
 
     keep_texts: ClassVar[bool] = False  # record the generated texts with the results
     spans = GENERATION_SPANS  # marked by generate_all; a subclass adds those item_spans declares
@@ -340,7 +340,7 @@ class GenerationBenchmark(Benchmark):
 def generation_context(model: Model, config: Configuration, seed: int, run: int, per_seq: int, n_seq: int) -> Context:
     """A context for one run of a generation benchmark: ``n_seq`` sequences of ``per_seq``
     cells each."""
-    return model.context(config.cache, config.error, config.target, seed=seed, run=run, n_ctx=n_seq * per_seq, n_seq=n_seq)
+    return Context(model, config.cache, config.error, config.target, seed=seed, run=run, n_ctx=n_seq * per_seq, n_seq=n_seq)
 
 
 def nanmean(values: list[float]) -> float:

@@ -38,13 +38,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..batching import Generation
 from ..data import load_hf, read_jsonl
+from ..engine.batching import Generation
+from ..engine.model import Model
+from ..engine.positions import Spans
+from ..engine.spans import token_spans
+from ..engine.speed import Speed
 from ..exceptions import DataError
-from ..model import Model
-from ..positions import Spans
-from ..spans import token_spans
-from ..speed import Speed
 from .arithmetic import Problem, generate, problems
 from .base import GenerationBenchmark
 from .options import Options, option

@@ -18,13 +18,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..batching import Generation
 from ..data import read_text
+from ..engine.batching import Generation
+from ..engine.model import Model
+from ..engine.positions import Spans
+from ..engine.spans import token_spans
+from ..engine.speed import Speed
 from ..exceptions import DataError
-from ..model import Model
-from ..positions import Spans
-from ..spans import token_spans
-from ..speed import Speed
 from .base import GenerationBenchmark
 from .options import Options, option
 

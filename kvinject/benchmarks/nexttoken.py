@@ -14,11 +14,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..batching import Generation
 from ..data import read_text
+from ..engine.batching import Generation
+from ..engine.model import Model
+from ..engine.speed import Speed
 from ..exceptions import DataError
-from ..model import Model
-from ..speed import Speed
 from .base import GenerationBenchmark, nanmean
 
 # WikiText marks intra-word hyphens and number separators as " @-@ ", " @,@ ", " @.@ ".

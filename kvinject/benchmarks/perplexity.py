@@ -27,12 +27,13 @@ from typing import Iterator
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
-from ..config import Configuration
 from ..data import read_text
+from ..engine.context import Context
+from ..engine.model import Model
+from ..engine.realized import sumsq
+from ..engine.speed import Speed
+from ..error_models.configuration import Configuration
 from ..exceptions import DataError
-from ..model import Model
-from ..realized import sumsq
-from ..speed import Speed
 from .base import Benchmark, Golden, Plan, Progress, RunResult
 from .options import Options, option
 
@@ -156,7 +157,7 @@ class Perplexity(Benchmark):
         tallies = [_Tally() for _ in jobs]
         scratch = _Scratch(scored - 1, model.n_vocab)
         bases = [_Base(scored - 1, model.n_vocab) for _ in range(n_seq)] if len(jobs) > 1 else []
-        contexts = [model.context(c.cache, c.error, c.target, seed=seed, run=r, n_ctx=n_seq * n_ctx, n_seq=n_seq, n_batch=n_seq * n_ctx) for c, r in jobs]
+        contexts = [Context(model, c.cache, c.error, c.target, seed=seed, run=r, n_ctx=n_seq * n_ctx, n_seq=n_seq, n_batch=n_seq * n_ctx) for c, r in jobs]
         try:
             for group in range(0, len(self), n_seq):
                 chunks = range(group, min(group + n_seq, len(self)))

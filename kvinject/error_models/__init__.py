@@ -2,19 +2,19 @@
 cache-resident models, to cells already in it), by name.
 
 Every module of this package is imported, and every model registered with ``@register``
-(kvinject/error_models/base.py) is known to ``--error``, grid files, ``kvinject errors`` and
-the hook: a new error model is one file here (docs/extending.md).
+(kvinject/error_models/registry.py) is known to ``--error``, grid files, ``kvinject errors`` and
+the hook: a new error model is one file here, or one module of another package named under the
+entry-point group ``kvinject.error_models`` (docs/extending.md). The contract a model
+implements is kvinject/engine/perturbation.py; its names are handed on here for plug-ins.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from ..engine.perturbation import CacheResident, ErrorModel, Multiplicative, NoError
+from ..engine.variates import Draws
+from ..plugins import load_plugins
+from .registry import REGISTRY, parse_error, register
 
-from .base import REGISTRY, CacheResident, Draws, ErrorModel, Multiplicative, parse_error, register
-from .none import NoError
-
-for _module in pkgutil.walk_packages(__path__, __name__ + "."):
-    importlib.import_module(_module.name)
+load_plugins(__path__, __name__, "kvinject.error_models", register)
 
 __all__ = ["REGISTRY", "CacheResident", "Draws", "ErrorModel", "Multiplicative", "NoError", "parse_error", "register"]

@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from ..engine.perturbation import ErrorModel
+from ..engine.variates import Draws
 from ..exceptions import InjectionError, SpecError
-from .base import Draws, ErrorModel, register
+from .registry import register
 
 if TYPE_CHECKING:
-    from ..options import CacheOptions
+    from ..engine.options import CacheOptions
 
 FIELDS = ("sign", "exponent", "mantissa", "any")
 

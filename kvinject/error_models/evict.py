@@ -41,13 +41,14 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 
+from ..engine.perturbation import CacheResident
 from ..exceptions import SpecError
-from .base import CacheResident, register
+from .registry import register
 
 if TYPE_CHECKING:
-    from ..options import CacheOptions
-    from ..resident import ResidentCache
-    from ..target import Target
+    from ..engine.options import CacheOptions
+    from ..engine.resident import ResidentCache
+    from ..engine.target import Target
 
 OPTIONS = {"window": (), "streaming": ("sinks",), "random": (), "tova": (), "h2o": ("recent",), "snapkv": ("window", "kernel")}
 BY_ATTENTION = ("tova", "h2o", "snapkv")
@@ -130,7 +131,7 @@ class Evict(CacheResident):
             raise SpecError(f"'{self.name}:{self.method}' reads attention weights, which flash attention does not materialize: use --flash-attn off")
 
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
-        """The cache's bits; the kept share of the tokens scales them (kvinject.bits). With no
+        """The cache's bits; the kept share of the tokens scales them (kvinject.engine.bits). With no
         run's lengths known, a ratio budget's share."""
         return stored if lengths or "." not in self.budget else stored * float(Fraction(self.budget))
 

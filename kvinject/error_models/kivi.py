@@ -23,14 +23,15 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 
+from ..engine.perturbation import CacheResident
 from ..exceptions import SpecError
-from .base import CacheResident, register
+from .registry import register
 
 if TYPE_CHECKING:
-    from ..model import Model
-    from ..options import CacheOptions
-    from ..resident import ResidentCache
-    from ..target import Target
+    from ..engine.model import Model
+    from ..engine.options import CacheOptions
+    from ..engine.resident import ResidentCache
+    from ..engine.target import Target
 
 
 def quantize(x: np.ndarray, bits: int, axis: int) -> np.ndarray:

@@ -34,13 +34,16 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 import numpy as np
 
 from ..data import bench_data
+from ..engine.context import Context
+from ..engine.perturbation import ErrorModel
+from ..engine.target import Target
+from ..engine.variates import Draws
 from ..exceptions import SpecError
-from ..target import Target
-from .base import Draws, ErrorModel, register
+from .registry import register
 
 if TYPE_CHECKING:
-    from ..model import Model
-    from ..options import CacheOptions
+    from ..engine.model import Model
+    from ..engine.options import CacheOptions
 
 SITES = ("pre-rope", "post-rope")
 LEVELS = ("uniform", "nuq")
@@ -282,6 +285,6 @@ def _calibration_rows(model: Model, cache: CacheOptions, pre_rope: bool, n: int,
     with ``v`` its V rows: per component, a list over layers (V's empty without ``v``)."""
     capture = _Capture(pre_rope)
     components = "kv" if v else "k"
-    with model.context(cache, capture, Target(components), n_ctx=n) as ctx:
+    with Context(model, cache, capture, Target(components), n_ctx=n) as ctx:
         ctx.prefill(calibration_tokens(model, n))
     return {c: [np.concatenate(capture.rows[c, layer]) for layer in range(model.n_layer)] if c in components else [] for c in "kv"}

@@ -2,7 +2,7 @@
 
 Formats as the OCP 8-bit floating point specification (FP8 v1.0) and the OCP Microscaling
 specification (MX v1.0) define them, their parameters from ml_dtypes, rounded by
-kvinject/rounding.py (bit for bit as ml_dtypes converts): round to nearest, ties to even,
+kvinject/engine/rounding.py (bit for bit as ml_dtypes converts): round to nearest, ties to even,
 subnormals kept. Values beyond the largest finite value saturate to it, OCP's conversion mode
 for machine learning (e4m3, fp6 and fp4 have no infinity). The compiled callback rounds in
 its own pass.
@@ -23,9 +23,11 @@ from typing import ClassVar, Sequence
 import ml_dtypes
 import numpy as np
 
+from ..engine.perturbation import ErrorModel
+from ..engine.rounding import ROUND, round_array, round_blocks
+from ..engine.variates import Draws
 from ..exceptions import SpecError
-from ..rounding import ROUND, round_array, round_blocks
-from .base import Draws, ErrorModel, register, row_groups
+from .registry import register, row_groups
 
 FORMATS: dict[str, type] = {
     "e4m3": ml_dtypes.float8_e4m3fn,
@@ -64,7 +66,7 @@ class Minifloat(ErrorModel):
 
     @cached_property
     def _format(self) -> tuple[float, int, int]:
-        """(largest, mantissa bits, smallest normal exponent), what kvinject/rounding.py takes."""
+        """(largest, mantissa bits, smallest normal exponent), what kvinject/engine/rounding.py takes."""
         return float(self._info.max), int(self._info.nmant), int(self._info.minexp)
 
     @property

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..engine.perturbation import Multiplicative
+from ..engine.variates import NORMAL, UNIFORM
 from ..exceptions import SpecError
-from ..variates import NORMAL, UNIFORM
-from .base import Multiplicative, register
+from .registry import register
 
 
 @register

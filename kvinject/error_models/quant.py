@@ -7,8 +7,10 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
+from ..engine.perturbation import ErrorModel
+from ..engine.variates import Draws
 from ..exceptions import SpecError
-from .base import Draws, ErrorModel, register, row_groups
+from .registry import register, row_groups
 
 
 @register

@@ -7,7 +7,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Draws, ErrorModel, register
+from ..engine.perturbation import ErrorModel
+from ..engine.variates import Draws
+from .registry import register
 
 
 @register

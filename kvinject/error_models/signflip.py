@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..engine.perturbation import Multiplicative
+from ..engine.variates import SIGN
 from ..exceptions import SpecError
-from ..variates import SIGN
-from .base import Multiplicative, register
+from .registry import register
 
 
 @register

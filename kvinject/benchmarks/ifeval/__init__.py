@@ -1,17 +1,7 @@
 """IFEval (Zhou et al. 2023): instruction checkers and strict/loose scoring, standalone."""
 
-from kvinject.benchmarks.ifeval.instructions import INSTRUCTIONS, Instruction, build_instruction
-from kvinject.benchmarks.ifeval.scoring import (
-    IFEvalItem,
-    PromptVerdict,
-    exclude,
-    loose_variants,
-    metrics,
-    read_items,
-    read_responses,
-    score,
-    score_responses,
-)
+from .instructions import INSTRUCTIONS, Instruction, build_instruction
+from .scoring import IFEvalItem, PromptVerdict, exclude, loose_variants, metrics, read_items, read_responses, score, score_responses
 
 __all__ = [
     "INSTRUCTIONS",

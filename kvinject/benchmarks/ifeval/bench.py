@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ...batching import Generation
 from ...data import bench_data, load_hf
-from ...model import Model
-from ...speed import Speed
+from ...engine.batching import Generation
+from ...engine.model import Model
+from ...engine.speed import Speed
 from ..base import GenerationBenchmark
 from ..options import Options, option
 from .scoring import IFEvalItem, PromptVerdict, exclude, metrics, parse_items, read_items, score

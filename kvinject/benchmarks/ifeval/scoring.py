@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvinject.benchmarks.ifeval.instructions import INSTRUCTIONS, build_instruction
-from kvinject.data import read_jsonl
-from kvinject.exceptions import DataError
+from ...data import read_jsonl
+from ...exceptions import DataError
+from .instructions import INSTRUCTIONS, build_instruction
 
 
 @dataclass

@@ -1,0 +1,100 @@
+"""Aggregation with honest statistics: per configuration and metric, across runs and across
+items, against the control; and the document one ``kvinject run`` writes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..benchmarks.base import Benchmark, RunResult
+from ..benchmarks.options import Options
+from .stats import across_runs, bootstrap_ci, compare_to_control, paired_bootstrap, percent_of_control, proportion_ci
+
+
+@dataclass
+class RunOutput:
+    """Everything one ``kvinject run`` produced, as its ``--output`` JSON holds it: settings, one
+    record per (bench, config, run), and the aggregates per (bench, config, metric)."""
+
+    meta: dict[str, object]
+    results: list[RunResult] = field(default_factory=list)
+    benches: dict[str, Benchmark] = field(default_factory=dict)
+    interrupted: bool = False
+
+    def aggregates(self) -> list[dict[str, object]]:
+        out = []
+        for name, bench in self.benches.items():
+            out += aggregate(bench, [r for r in self.results if r.bench == name])
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "meta": {**self.meta, "interrupted": self.interrupted},
+            "records": [r.to_dict() for r in self.results],
+            "aggregates": self.aggregates(),
+        }
+
+
+def _matrix(results: list[RunResult], metric: str) -> np.ndarray | None:
+    rows = [r.items[metric] for r in results if metric in r.items]
+    return np.array(rows, dtype=np.float64) if rows and len(rows) == len(results) else None
+
+
+def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], options: Options | None = None) -> list[dict[str, object]]:
+    """Per configuration and metric: across-run mean/std/t-CI, an interval across items,
+    percent of control and a paired test against the control, with paired bootstrap CIs of
+    the difference and of percent of control (items are the unit). ``options``: the bench's,
+    when ``bench`` is its class (what is pass/fail may depend on them; without, the class's
+    ``binary`` says)."""
+    if options is None and isinstance(bench, Benchmark):
+        options = bench.options
+    binary = bench.binary if options is None else bench.pass_fail(options)
+    groups: dict[str, list[RunResult]] = {}
+    for r in results:
+        groups.setdefault(r.config.label, []).append(r)
+    if not groups:
+        return []
+    control_label, control = next(iter(groups.items()))
+    out = []
+    for label, group in groups.items():
+        shown = group[0].config.label_beside(control[0].config)
+        metrics = list(dict.fromkeys(k for r in group for k in (*r.metrics, *r.extra)))
+        for metric in metrics:
+            values = [r.metrics.get(metric, r.extra.get(metric, math.nan)) for r in group]
+            summary = across_runs(values)
+            control_values = [r.metrics.get(metric, r.extra.get(metric, math.nan)) for r in control]
+            control_mean = float(np.nanmean(control_values)) if np.isfinite(control_values).any() else math.nan
+            item_metric, transform = bench.proxies.get(metric, (metric, None))
+            matrix = _matrix(group, item_metric)
+            # Item weights, the same in every run; records stored before they were have none.
+            weighing = _matrix(group, bench.weights[metric]) if metric in bench.weights else None
+            weights = weighing[0] if weighing is not None else None
+            # One run of pass/fail values: the Wilson interval, which a percentile bootstrap
+            # shrinks to a point at 0 of n (a fault campaign's SDC rate) or n of n.
+            proportion = matrix is not None and matrix.shape[0] == 1 and item_metric in binary
+            items_ci = None if matrix is None else proportion_ci(matrix) if proportion else bootstrap_ci(matrix, weights=weights)
+            if items_ci is not None and transform is not None:
+                items_ci = tuple(transform(x) for x in items_ci)
+            row: dict[str, object] = {
+                "bench": bench.name,
+                "label": label,
+                "metric": metric,
+                "configuration": shown,  # the label as tables show it (Configuration.label_beside)
+                "control": label == control_label,
+                **summary.to_dict(),
+                "items_ci": list(items_ci) if items_ci is not None else None,
+                "items_ci_method": None if items_ci is None else "wilson" if proportion else "bootstrap",
+                "percent_of_control": percent_of_control(summary.mean, control_mean),
+                "diff_ci": None,
+                "percent_ci": None,
+                "nonfinite_items": sum(r.nonfinite_items for r in group),
+                "test": None,
+            }
+            control_matrix = _matrix(control, item_metric)
+            if label != control_label and matrix is not None and control_matrix is not None and np.isfinite(control_matrix).any():
+                row["test"] = compare_to_control(control_matrix, matrix, binary=item_metric in binary).to_dict()
+                row["diff_ci"], row["percent_ci"] = map(list, paired_bootstrap(control_matrix, matrix, transform, weights=weights))
+            out.append(row)
+    return out

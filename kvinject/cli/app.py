@@ -1,0 +1,68 @@
+"""The ``kvinject`` application: its commands, in the order ``--help`` lists them, and the
+entry point that prints a user's mistake as one line."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from .. import __version__, interrupts
+from ..exceptions import KvinjectError
+from . import benchmarks, divergence, errors, generate, info, profile, report, run, score, sweep
+
+app = typer.Typer(
+    help=(
+        "Inject controlled error into the K and V vectors of a llama.cpp model as they enter "
+        "the KV cache, and measure what it does.\n\n"
+        "Start with `kvinject errors` (the error models), `kvinject info` (model, backend and "
+        'cache sizes) and `kvinject generate "The capital of France is" --error normal:0,0.5`.'
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts show spec syntax such as ERROR[@K[/V]] literally
+)
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", help="Print kvinject's version and exit.", callback=_print_version, is_eager=True)] = False,
+) -> None:
+    """--version; the app's help is Typer(help=...) above."""
+
+
+def version() -> None:
+    """Print kvinject's version."""
+    print(__version__)
+
+
+app.command()(errors.errors)
+app.command()(benchmarks.benchmarks)
+app.command()(generate.generate)
+app.command(name="run")(run.run_command)
+app.command()(sweep.sweep)
+app.command(name="profile")(profile.profile)
+app.command(name="divergence")(divergence.divergence_command)
+app.command()(report.report)
+app.command()(score.score)
+app.command()(info.info)
+app.command()(version)
+
+
+def main() -> None:
+    interrupts.install()
+    try:
+        app()
+    except KvinjectError as e:
+        Console(stderr=True, soft_wrap=True).print("[bold red]error:[/]", Text(str(e)), highlight=False)  # one line, however long
+        sys.exit(2)

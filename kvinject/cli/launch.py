@@ -1,0 +1,16 @@
+"""The `kvinject` command: the CLI's modules load here, where a Ctrl-C (pandas, numpy and
+llama.cpp take about a second to load) ends the command as one later does, without a
+traceback."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    try:
+        from .app import main as cli
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    cli()

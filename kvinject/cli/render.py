@@ -1,0 +1,76 @@
+"""What the commands share in rendering: the console, results tables at a width that keeps
+their numbers whole, progress bars, and the message of an interrupted run."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+# Piped or redirected output has no width to fit: give the tables room rather than cut
+# their cells short (COLUMNS still decides where it is set); they are made to fit 100.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200)
+
+
+def print_table(table) -> None:
+    """A results table at the terminal's width, or wider where its numbers would not fit whole
+    with the names folded (tables.print_width)."""
+    from ..analysis.tables import print_width
+
+    width = print_width(table, console.width)
+    (console if width == console.width else Console(width=width)).print(table)
+
+
+def fmt(value: float, spec: str = ".3f") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def progress_bars():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("{task.description:<11}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    )
+
+
+def count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def interrupted(store: Path, resume: str) -> None:
+    # Perplexity scores a batch of runs (up to 16) together, chunk by chunk: none of them is
+    # finished until the last chunk, and an interrupt loses them all.
+    Console(stderr=True).print(
+        f"interrupted: every finished run is in {store}; the runs under way were not finished "
+        f"(perplexity finishes a batch of runs together) and start again with: {resume}",
+        style="yellow",
+        markup=False,  # a path may hold [brackets]
+        soft_wrap=True,
+    )
+
+
+def run_sweep(sw) -> int:
+    """Run a sweep with a progress bar per cell group and its notices above them; where stderr
+    is no terminal (a cluster job's log), bars do not show: a timed line per stored run does."""
+    with progress_bars() as progress:
+        log = (
+            None
+            if progress.console.is_terminal
+            else lambda line: progress.console.print(f"{time.strftime('%H:%M:%S')} {line}", markup=False, highlight=False, soft_wrap=True)
+        )
+        return sw.run(
+            lambda name, total: (lambda task: lambda n: progress.advance(task, n))(progress.add_task(name, total=total)),
+            lambda message: progress.console.print(message, markup=False, highlight=False, soft_wrap=True),
+            log,
+        )

@@ -1,0 +1,93 @@
+"""`kvinject report`: merged results stores as tables and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from ..exceptions import KvinjectError
+from .flags import (
+    WideOpt,
+)
+from .outputs import check_writable
+from .render import console, print_table
+
+
+def report(
+    stores: Annotated[list[Path], typer.Argument(help="Results stores written by kvinject sweep (shards are merged).")],
+    output_format: Annotated[str, typer.Option("--format", help="table, markdown, csv, json or latex.")] = "table",
+    filters: Annotated[
+        Optional[list[str]], typer.Option("--filter", help="Keep records whose setting KEY equals VALUE, e.g. bench=ifeval, target=k, cache_v=q8_0.")
+    ] = None,
+    all_metrics: Annotated[bool, typer.Option("--all-metrics", help="Every metric, not only each bench's primary one.")] = False,
+    metric: Annotated[
+        Optional[str],
+        typer.Option(
+            "--metric",
+            help="Tabulate and draw this metric instead of each bench's primary one, e.g. token_match (eviction's agreement "
+            "with the full cache); see `kvinject benchmarks`. Benches without it are left out.",
+        ),
+    ] = None,
+    wide: WideOpt = False,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw degradation curves to this PNG (needs matplotlib).")] = None,
+    heatmap: Annotated[
+        Optional[Path],
+        typer.Option("--heatmap", help="Draw score over length x depth (passkey, niah, vt) to this PNG, a panel per configuration (needs matplotlib)."),
+    ] = None,
+    frontier: Annotated[
+        Optional[Path],
+        typer.Option("--frontier", help="Draw each bench's score against bits per K/V element to this PNG, with the Pareto front (needs matplotlib)."),
+    ] = None,
+    outcomes: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--outcomes", help="Draw the shares of items masked, benign, SDC and DUE per configuration to this PNG (fault campaigns; needs matplotlib)."
+        ),
+    ] = None,
+) -> None:
+    """Merge results stores and print the study-style table: score, CIs, percent of control and
+    the paired test, per bench and configuration."""
+    from ..analysis.plots import frontier as draw_frontier
+    from ..analysis.plots import heatmap as draw_heatmap
+    from ..analysis.plots import outcomes as draw_outcomes
+    from ..analysis.plots import plot as draw
+    from ..analysis.report import FORMATS, check_metric, load_records, render, select, study_table, summarize, terminal_tables
+    from ..analysis.tables import report_table
+
+    if output_format not in FORMATS:
+        raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")
+    if metric and all_metrics:
+        raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
+    check_writable(plot, heatmap, frontier, outcomes)
+    records = select(load_records(stores), filters or [])
+    df = summarize(records)
+    if df.empty:
+        raise KvinjectError("no control to compare these records with: a shard's store may lack it; give report the store that holds it too")
+    if metric:
+        check_metric(df, metric)
+    # Figures first: one these records cannot give fails before the tables print.
+    if plot:
+        draw(df, plot, metric)
+        Console(stderr=True).print(f"plot written to {plot}")
+    if heatmap:
+        draw_heatmap(records, heatmap)
+        Console(stderr=True).print(f"heatmap written to {heatmap}")
+    if frontier:
+        draw_frontier(df, frontier, metric)
+        Console(stderr=True).print(f"frontier written to {frontier}")
+    if outcomes:
+        draw_outcomes(df, outcomes)
+        Console(stderr=True).print(f"outcomes written to {outcomes}")
+    table = df if all_metrics else study_table(df, metric, digits=3 if output_format == "table" else 4)
+    if output_format == "table":
+        parts = [(f"{len(records)} runs from {len(stores)} store(s)", table)] if all_metrics or wide else terminal_tables(table)
+        for title, part in parts:
+            console.print(title, style="italic", highlight=False)  # not a table title: that wraps at the table's width
+            print_table(report_table(part))
+        if not (all_metrics or wide):
+            console.print("--wide: every column in one table (ci_runs: the 95% interval across runs)", style="dim", highlight=False)
+    else:
+        print(render(table, output_format))

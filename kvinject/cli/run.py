@@ -1,0 +1,112 @@
+"""`kvinject run`: benchmarks under the control and each configuration, with statistics."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from ..engine.target import Target
+from ..error_models.configuration import configurations
+from ..exceptions import KvinjectError
+from ..jsonutil import dumps
+from .flags import (
+    ErrorOpt,
+    FormatOpt,
+    HeadsOpt,
+    LayersOpt,
+    PositionsOpt,
+    SeedOpt,
+    Setup,
+    TargetOpt,
+    WideOpt,
+    bench_flags,
+    check_format,
+    setup_flags,
+)
+from .outputs import check_writable
+from .render import console, print_table, progress_bars
+
+
+@bench_flags
+@setup_flags(parallel=True)
+def run_command(
+    bench: Annotated[list[str], typer.Option("--bench", "-b", help="Benchmark, repeatable (see `kvinject benchmarks`).")],
+    error: ErrorOpt = None,
+    control: Annotated[str, typer.Option("--control", help="The control configuration, ERROR[@K[/V]], e.g. none@f32 for an f32 cache.")] = "none",
+    target: TargetOpt = "kv",
+    layers: LayersOpt = None,
+    positions: PositionsOpt = None,
+    heads: HeadsOpt = None,
+    runs: Annotated[int, typer.Option("--runs", "-r", help="Runs per configuration (a configuration without randomness runs once).")] = 5,
+    seed: SeedOpt = 0,
+    data: Annotated[
+        Optional[list[str]], typer.Option("--data", help="Data for a bench: PATH or hf:NAME[:CONFIG][@SPLIT], or BENCH=... with several benches.")
+    ] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write every record, aggregate and setting as JSON.")] = None,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="Also write the aggregates as CSV.")] = None,
+    output_format: FormatOpt = "table",
+    wide: WideOpt = False,
+    *,
+    setup: Setup,
+    bench_values: dict | None = None,
+) -> None:
+    """Score benchmarks under the control and each --error, over repeated runs, with statistics.
+
+    Example: kvinject run --bench ifeval --bench nexttoken --error normal:0,0.25 --error none@q8_0 --runs 5
+    """
+    from ..analysis.aggregate import RunOutput
+    from ..benchmarks import make_benches
+    from ..experiments.runner import metadata
+    from ..experiments.runner import run as run_benches
+
+    check_format(output_format)
+    if runs < 1:
+        raise KvinjectError(f"--runs must be >= 1, got {runs}")
+    cache = setup.cache
+    tgt = Target.parse(target, layers, positions, heads)
+    configs = configurations(control, error or [], tgt, cache)
+    check_writable(output, csv)
+    benches = make_benches(bench, bench_values or {}, data or [])
+    with setup.load() as m:
+        report = RunOutput(metadata(m, benches, configs, runs, seed, {"cache": cache.to_dict()}), benches={b.name: b for b in benches})
+        with progress_bars() as progress:
+            bars = {}
+
+            def bar(b, total):
+                bars[b.name] = progress.add_task(b.name, total=total)
+                return lambda n: progress.advance(bars[b.name], n)
+
+            try:
+                for result in run_benches(m, benches, configs, runs, seed, bar):
+                    report.results.append(result)
+                    if not progress.console.is_terminal:  # a log (a cluster job's): no bar redraws, a timed line per run
+                        primary = next(b.primary for b in benches if b.name == result.bench)
+                        score = result.metrics.get(primary, math.nan)
+                        line = f"{time.strftime('%H:%M:%S')} {result.bench} {result.config.label} run {result.run}: {primary} {score:.4g}"
+                        progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            except KeyboardInterrupt:
+                report.interrupted = True
+    data = report.to_dict()
+    if output:
+        output.write_text(dumps(data))
+    if csv:
+        import pandas as pd
+
+        pd.json_normalize(data["aggregates"]).to_csv(csv, index=False)
+    if output_format == "json":
+        print(dumps(data))
+    else:
+        from ..analysis.tables import bench_table
+
+        for b in benches:
+            print_table(bench_table(b.name, b.primary, b.secondary, data["aggregates"], wide, console.width))
+        if output:
+            console.print(f"[dim]results written to {output}")
+    if report.interrupted:
+        Console(stderr=True).print(f"[yellow]interrupted: {len(report.results)} finished runs kept{f' in {output}' if output else ''}")
+        raise typer.Exit(130)

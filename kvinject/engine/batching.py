@@ -1,0 +1,139 @@
+"""Continuous batching: many generations through one context, one sequence each.
+
+A decode holds either one prompt piece (a prompt cut into n_batch pieces, as when its item
+runs alone) or the next token of every generating sequence; a sequence that finishes takes
+the next prompt at once. So an item's tokens reach the cache in the same groups whatever runs
+beside it, and with noise seeded per item (``Context.begin_item``) it gets the same noise.
+
+Decoding prompts alone also keeps more of llama.cpp's kernels as in sequential evaluation:
+the CPU backend switches flash attention to a tiled kernel with another summation order at
+64 query rows, which moves logits as much as an f16 instead of an f32 cache does. Outputs can
+still differ from sequential ones, through where an item's cells lie in the shared cache:
+attention sums over cells in cell order, and refilling puts an item's later tokens in cells
+freed before its earlier ones; and single-query decodes over 512 or more cells split the
+cells among threads. docs/performance.md measures both.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..exceptions import DataError
+from .positions import MAX_POSITION, Spans
+
+if TYPE_CHECKING:
+    from .context import Context
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    text: str
+    nonfinite_steps: int  # decoding steps whose logits held NaN or Inf
+    first_logits: np.ndarray  # the logits after the prompt
+    logits: np.ndarray | None = None  # (steps, n_vocab): the logits of every pick, when asked for
+
+
+@dataclass
+class _Slot:
+    seq: int
+    index: int  # which prompt
+    prompt: Sequence[int]  # what is decoded before the first pick: the prompt and the prefix
+    fed: int = 0  # of those, tokens decoded so far
+    out: list[int] = field(default_factory=list)  # the prefix, then the generated tokens
+    prefix: int = 0
+    first: np.ndarray | None = None
+    nonfinite: int = 0
+    rows: list[np.ndarray] | None = None  # every pick's logits, kept when asked for
+
+    @property
+    def length(self) -> int:
+        """Tokens of the sequence: prompt, prefix and generated."""
+        return len(self.prompt) + len(self.out) - self.prefix
+
+
+def generate_all(
+    ctx: Context,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    temperature: float = 0.0,
+    stop: Callable[[list[int]], bool] | None = None,
+    items: Sequence[int] | None = None,
+    ignore_eos: bool = False,
+    prefixes: Sequence[Sequence[int]] | None = None,
+    keep_logits: bool = False,
+    spans: Sequence[Spans] | None = None,
+) -> Iterator[tuple[int, Generation]]:
+    """Generate after every prompt, up to ``ctx.n_seq`` at a time; yield ``(index, generation)``
+    as each finishes. ``items[i]`` seeds prompt ``i`` (see ``Context.begin_item``); without
+    ``items`` the sequences keep the streams they have. Greedy unless temperature > 0; a
+    generation ends at an end-of-generation token, ``stop(tokens)``, ``max_tokens`` or the
+    sequence's share of the context. NaN/Inf logits never crash: they are counted.
+    ``ignore_eos`` generates past end-of-generation tokens, as llama-batched-bench does: the
+    same amount of work whatever the model says, for speed measurements.
+    ``prefixes[i]`` continues prompt ``i`` after tokens already generated: they are decoded
+    with the prompt, and the generation (its limits, ``stop`` and the result) starts with them.
+    ``keep_logits`` keeps the logits of every pick in ``Generation.logits``. Each sequence's
+    tokens are marked as ``prompt`` and ``generated`` (a prefix counts as generated), with the
+    spans ``spans[i]`` of prompt ``i`` a benchmark declares, for ``--positions``."""
+    prefixes = prefixes or [()] * len(prompts)
+    for p in prompts:
+        if not 0 < len(p) < ctx.n_ctx_seq:
+            raise DataError(f"a prompt of {len(p)} tokens does not fit a context of {ctx.n_ctx_seq} tokens per sequence (raise --ctx)")
+    queue = deque(range(len(prompts)))
+    free = list(reversed(range(ctx.n_seq)))
+    active: list[_Slot] = []
+    while queue or active:
+        while queue and free:
+            index, seq = queue.popleft(), free.pop()
+            if items is not None:
+                ctx.begin_item(items[index], seq, len(prompts[index]))
+            else:
+                ctx.forget(seq)
+            n = len(prompts[index])
+            ctx.mark(seq, {"prompt": [(0, n)], "generated": [(n, MAX_POSITION + 1)], **(spans[index] if spans is not None else {})})
+            prefix = list(prefixes[index])
+            active.append(_Slot(seq, index, [*prompts[index], *prefix], out=prefix, prefix=len(prefix), rows=[] if keep_logits else None))
+        # A prompt piece is decoded alone, as when its item runs by itself; generated tokens of
+        # all sequences share a decode (each row is computed independently of the others).
+        slot = next((s for s in active if s.fed < len(s.prompt)), None)
+        if slot is not None:
+            piece = slot.prompt[slot.fed : slot.fed + ctx.n_batch]
+            entries = [(t, slot.fed + j, slot.seq, False) for j, t in enumerate(piece)]
+            slot.fed += len(piece)
+            asks = []
+            if slot.fed == len(slot.prompt):
+                entries[-1] = (*entries[-1][:3], True)
+                asks = [(slot, len(entries) - 1)]
+        else:
+            entries = [(s.out[-1], s.length - 1, s.seq, True) for s in active]
+            asks = [(s, i) for i, s in enumerate(active)]
+        ctx.decode(entries)
+        for slot, i in asks:
+            if _step(ctx, slot, ctx.logits(i), max_tokens, temperature, stop, ignore_eos):
+                active.remove(slot)
+                free.append(slot.seq)
+                rows = np.array(slot.rows) if slot.rows is not None else None
+                yield slot.index, Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, slot.first, rows)
+
+
+def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop, ignore_eos: bool) -> bool:
+    """Pick the slot's next token from ``logits``; True when its generation is finished."""
+    if slot.rows is not None:
+        slot.rows.append(logits.copy())
+    if slot.first is None:
+        slot.first = logits.copy()
+        if max_tokens <= 0:
+            return True
+    if not np.isfinite(logits).all():
+        slot.nonfinite += 1
+        logits = np.nan_to_num(logits, nan=-np.inf)
+    token = ctx.pick(logits, temperature, slot.seq)
+    if ctx.model.is_eog(token) and not ignore_eos:
+        return True
+    slot.out.append(token)
+    return (stop is not None and stop(slot.out)) or slot.length >= ctx.n_ctx_seq or len(slot.out) >= max_tokens

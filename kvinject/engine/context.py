@@ -1,0 +1,305 @@
+"""A llama.cpp context with one error configuration: decoding, logits and greedy generation."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+import numpy as np
+from llama_cpp import llama_cpp as ll
+
+from ..exceptions import InjectionError, ModelError, SpecError
+from .bits import bits_per_element
+from .ggml import CACHE_TYPES
+from .hook import KVHook
+from .llama_log import captured_log
+from .options import CacheOptions
+from .perturbation import CacheResident, ErrorModel, NoError, check_groups, check_selection
+from .positions import Spans
+from .realized import Realized
+from .resident import ResidentCache
+from .residual import ResidualStream
+from .target import Target
+from .variates import Draws, Variates
+
+if TYPE_CHECKING:
+    from .model import Model
+
+
+@contextmanager
+def _rotation(enabled: bool) -> Iterator[None]:
+    """llama.cpp reads LLAMA_ATTN_ROT_DISABLE when a context is created."""
+    old = os.environ.get("LLAMA_ATTN_ROT_DISABLE")
+    if not enabled:
+        os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+    else:
+        os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+        else:
+            os.environ["LLAMA_ATTN_ROT_DISABLE"] = old
+
+
+_KV_SIZE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB .*K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
+
+
+class Context:
+    """One llama context: a KV cache with its storage types, and the hook for one error model.
+
+    ``n_seq`` sequences share the cache (``n_ctx`` cells in all, ``n_ctx // n_seq`` for
+    each). Noise and sampling are seeded per sequence: by ``(seed, run, item)`` for the item
+    started on it with :meth:`begin_item`, by ``(seed, run)`` for sequence 0 otherwise; the
+    same settings and seed reproduce exactly. With ``residual``, each layer's output of every
+    decode can be read after it (:attr:`residual`, kvinject/engine/residual.py).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        cache: CacheOptions | None = None,
+        error: ErrorModel | None = None,
+        target: Target | None = None,
+        seed: int = 0,
+        run: int = 0,
+        n_ctx: int = 2048,
+        n_seq: int = 1,
+        n_batch: int = 512,
+        residual: bool = False,
+    ):
+        if seed < 0 or run < 0:
+            raise SpecError(f"seeds and runs are integers >= 0, got seed {seed}, run {run}")
+        self.model = model
+        self.cache = cache or CacheOptions()
+        self.error = error or NoError()
+        self.target = target or Target()
+        self.n_batch = min(n_batch, n_ctx)
+        if n_seq > self.n_batch:
+            raise ValueError(f"{n_seq} sequences need a batch of at least {n_seq} tokens, not {self.n_batch}")
+        check_selection(self.error, self.target)
+        check_groups(self.error, self.target, model.n_head_kv, model.head_dim_k, model.head_dim_v)
+        if isinstance(self.error, CacheResident):
+            self.error.check(model, self.target, self.cache)
+        self.hook = (
+            KVHook(
+                self.error.stored(self.cache, self.target.components).fit(model, self.cache),
+                self.target,
+                model.n_layer,
+                model.n_head_kv * model.head_dim_k,
+                model.n_head_kv * model.head_dim_v,
+                model.n_head_kv,
+            )
+            if self.error.injects
+            else None
+        )
+        self.residual = ResidualStream(model.n_layer, model.n_embd, self.hook.header if self.hook is not None else None) if residual else None
+        self.seed, self.run = seed, run
+        self.n_seq = n_seq
+        self.n_ctx_seq = n_ctx // n_seq
+        self._noise: dict[int, Draws | Variates | None] = {}
+        self._sampling: dict[int, np.random.Generator] = {}
+        self._spans: dict[int, Spans] = {}  # the spans --positions may name, per sequence
+        self._lengths: dict[int, int] = {}  # tokens decoded per sequence, for bits per element
+        self._finished: list[int] = []  # and of the sequences forgotten
+        self._seed(0, [seed, run])
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = self.n_batch  # one graph per decode: the hook relies on it
+        params.n_seq_max = n_seq
+        params.kv_unified = True  # sequences share the cells, so uneven lengths fit
+        params.n_threads = params.n_threads_batch = model.backend.n_threads
+        params.type_k = CACHE_TYPES[self.cache.type_k]
+        params.type_v = CACHE_TYPES[self.cache.type_v]
+        params.flash_attn_type = self.cache.flash_attn_type
+        params.no_perf = True
+        if self.hook is not None:
+            params.cb_eval = self.hook.callback
+            params.cb_eval_user_data = self.hook.user_data
+        elif self.residual is not None:
+            params.cb_eval = self.residual.callback
+            params.cb_eval_user_data = self.residual.user_data
+        with _rotation(self.cache.kv_rotation), captured_log() as self.creation_log:
+            self._ptr = ll.llama_init_from_model(model.ptr, params)
+        if not self._ptr:
+            tail = "".join(self.creation_log[-5:]).strip()
+            raise ModelError(f"llama.cpp could not create a context with {self.cache.label}, n_ctx={n_ctx}: {tail}")
+        self.n_vocab = model.n_vocab
+        self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq)
+        self.resident = None
+        if isinstance(self.error, CacheResident):
+            memory = ll.llama_get_memory(self._ptr)
+            n_cells = ll.llama_n_ctx(self._ptr)
+            self.resident = ResidentCache(
+                self.error, self.target, model.n_layer, n_cells, lambda seq, p0, p1: ll.llama_memory_seq_rm(memory, seq, p0, p1), self._noise
+            )
+            if self.error.attention:
+                self.hook.attend(n_cells)
+        if self.hook is not None:
+            self.hook.learn(lambda: self._llama_decode([(model.bos, 0, 0, False)]))
+            self.clear()
+
+    def _seed(self, seq: int, key: list[int], tokens: int | None = None) -> None:
+        if self.hook is not None:
+            self._noise[seq] = self.hook.stream(np.random.default_rng(key), tokens)
+        self._sampling[seq] = np.random.default_rng([*key, 1])
+
+    def begin_item(self, item: int, seq: int = 0, tokens: int | None = None) -> None:
+        """Start benchmark item ``item`` on sequence ``seq``: an empty cache for it, and noise
+        and sampling seeded from (seed, run, item) whichever sequence and batch it runs in.
+        ``tokens``: the item's prompt length, for error models that place faults in it."""
+        if seq >= self.n_seq:
+            raise ValueError(f"sequence {seq} out of range: the context has {self.n_seq}")
+        self.forget(seq)
+        self._seed(seq, [self.seed, self.run, item], tokens)
+
+    def mark(self, seq: int, spans: Spans) -> None:
+        """Name spans of the tokens of sequence ``seq`` (prompt, generated, a benchmark's), by
+        position, for ``--positions``; until the sequence is forgotten."""
+        self._spans[seq] = spans
+
+    def forget(self, seq: int) -> None:
+        """Remove one sequence's cells from the cache."""
+        self._spans.pop(seq, None)
+        self._finish(seq)
+        ll.llama_memory_seq_rm(ll.llama_get_memory(self._ptr), seq, -1, -1)
+        if self.resident is not None:
+            self.resident.forget(seq)
+
+    def _finish(self, seq: int) -> None:
+        n = self._lengths.pop(seq, 0)
+        if n:
+            self._finished.append(n)
+
+    def close(self) -> None:
+        if self._ptr:
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def realized(self) -> Realized:
+        realized = self.hook.realized if self.hook is not None else Realized.empty()
+        if self.resident is not None:
+            realized.merge(self.resident.realized)
+        return realized
+
+    @property
+    def bits_per_element(self) -> float:
+        m = self.model
+        lengths, kept = (self.resident.lengths, self.resident.kept) if self.resident is not None else ((*self._finished, *self._lengths.values()), ())
+        return bits_per_element(self.error, self.target, self.cache, m.n_layer, m.n_head_kv, m.head_dim_k, m.head_dim_v, lengths, kept)
+
+    @property
+    def kv_cache_bytes(self) -> dict[str, float] | None:
+        """What llama.cpp reported allocating for K and V, in bytes (summed over its caches)."""
+        sizes = [m for line in self.creation_log if (m := _KV_SIZE.search(line))]
+        if not sizes:
+            return None
+        mib = 1024 * 1024
+        return {"k": sum(float(m[3]) for m in sizes) * mib, "v": sum(float(m[5]) for m in sizes) * mib}
+
+    def clear(self) -> None:
+        self._spans.clear()
+        for seq in list(self._lengths):
+            self._finish(seq)
+        ll.llama_memory_clear(ll.llama_get_memory(self._ptr), True)
+        if self.resident is not None:
+            self.resident.clear()
+
+    def _llama_decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:
+        batch = self._batch
+        for i, (token, pos, seq, logits) in enumerate(entries):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = logits
+        batch.n_tokens = len(entries)
+        status = ll.llama_decode(self._ptr, batch)
+        if status != 0:
+            if self.hook is not None:
+                self.hook.abort_decode()
+            raise InjectionError(f"llama_decode failed with status {status} (KV cache full? raise --ctx)")
+
+    def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:
+        """Decode (token, position, sequence, want_logits) entries, at most n_batch of them;
+        keep each sequence's entries together so its rows draw their noise as one run."""
+        if len(entries) > self.n_batch:
+            raise ValueError(f"{len(entries)} tokens exceed the batch size {self.n_batch}")
+        if self.hook is not None:
+            self.hook.layout(self._segments(entries), self._selected(entries))
+        if self.residual is not None:
+            self.residual.layout(np.array([e[3] for e in entries], bool))
+        self._llama_decode(entries)
+        for _, pos, seq, _ in entries:
+            self._lengths[seq] = max(self._lengths.get(seq, 0), pos + 1)
+        if self.hook is not None:
+            writes = self.hook.finish_decode()
+            if self.resident is not None:  # after the decode, as KIVI quantizes after each step's attention
+                self.resident.after_decode(entries, writes)
+
+    def _segments(self, entries: Sequence[tuple[int, int, int, bool]]) -> list[tuple[Draws | None, int]]:
+        segments: list[list] = []
+        previous = None
+        for _, _, seq, _ in entries:
+            if seq == previous:
+                segments[-1][1] += 1
+                continue
+            if seq not in self._noise:
+                self._seed(seq, [self.seed, self.run, 0, 0, seq])  # never begun: a stream of its own
+            segments.append([self._noise[seq], 1])
+            previous = seq
+        return [(draws, rows) for draws, rows in segments]
+
+    def _selected(self, entries: Sequence[tuple[int, int, int, bool]]) -> np.ndarray | None:
+        """The rows of the decode that ``--positions`` selects and the error model's attention
+        sinks leave out (None: all)."""
+        positions, sinks = self.target.positions, self.error.sink_tokens
+        if positions is None and not sinks:
+            return None
+        pos = np.array([p for _, p, _, _ in entries], np.int64)
+        if positions is None:
+            return pos >= sinks
+        seqs = np.array([s for _, _, s, _ in entries], np.int64)
+        mask = np.empty(len(entries), bool)
+        for seq in np.unique(seqs).tolist():
+            rows = seqs == seq
+            mask[rows] = positions.select(pos[rows], self._spans.get(seq, {}))
+        return mask & (pos >= sinks)
+
+    def logits(self, i: int) -> np.ndarray:
+        """The logits of the i-th batch entry of the last decode (-1: the last with logits)."""
+        ptr = ll.llama_get_logits_ith(self._ptr, i)
+        if not ptr:
+            raise InjectionError(f"no logits for batch entry {i}")
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+
+    def output_logits(self, n: int) -> np.ndarray:
+        """The logits of all ``n`` entries of the last decode that asked for them, in batch order."""
+        ptr = ll.llama_get_logits(self._ptr)
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n, self.n_vocab))
+
+    def prefill(self, tokens: Sequence[int], seq: int = 0, pos: int = 0) -> None:
+        """Decode a prompt in n_batch pieces, with logits for its last token only."""
+        for start in range(0, len(tokens), self.n_batch):
+            piece = tokens[start : start + self.n_batch]
+            last = start + len(piece) == len(tokens)
+            self.decode([(t, pos + start + j, seq, last and j == len(piece) - 1) for j, t in enumerate(piece)])
+
+    def pick(self, logits: np.ndarray, temperature: float, seq: int = 0) -> int:
+        if temperature <= 0:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / temperature
+        p = np.exp(z - z.max())
+        return int(self._sampling[seq].choice(len(p), p=p / p.sum()))

@@ -1,0 +1,479 @@
+"""The graph-evaluation callback llama.cpp calls for every node, compiled with numba.
+
+llama.cpp asks the callback about each of the ~1000 nodes of a decode's graph. A Python
+callback pays about a microsecond per node for ctypes alone, and numpy pays several passes
+over every K/V value to perturb it and measure what it did; compiled, both cost almost
+nothing next to the decode. This module holds the callback and the state it works on; the
+plan it follows (which nodes to claim, what to change there) is learned and checked in
+Python by :mod:`kvinject.engine.hook`.
+
+The state is one int64 array of fixed slots, the header, which holds the addresses of the
+other tables: per-site rows (a site is the K or V of a layer: ``site = 2 * layer + is_v``),
+the claim groups, the noise segments of the decode (runs of rows whose factors come from one
+item's stream of kvinject/engine/variates.py), the rows and the components of a row that get the error
+(``--positions``, ``--heads``) and the realized-error sums.
+Multiplicative error models on host memory are applied here, their factors computed in the
+same pass, with their realized-error sums, and so is rounding to a minifloat;
+anything else (other models, device memory) is handed back to a Python function. For
+cache-resident models it records instead where each decode writes K and V in the cache
+(:mod:`kvinject.engine.cache_writes`), and for those that evict by attention it claims each layer's
+attention weights and sums them (:mod:`kvinject.engine.attention`). To measure layer-wise divergence
+it claims each layer's output, the residual stream, and copies it (:mod:`kvinject.engine.residual`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, cfunc, njit, types
+from numba.extending import intrinsic
+
+from . import ggml, numba_cache, rounding, variates
+from .realized import RealizedStats
+from .rounding import ROUND, round_scaled, round_to, shared_scale
+from .variates import factor, hash_at
+
+# The compiled pass inlines rounding's and variates' functions: cached, it depends on them too.
+numba_cache.stamp_with(__file__, [rounding.__file__, variates.__file__])
+
+# Header slots.
+MODE, RUN_SITE, RUN_LAST, COMPUTED, ERROR, ERROR_SITE, ERROR_VALUE = range(7)
+AT, ROWS, SEG_KEY, N_SEG, SEG_START, SEG_ROWS = range(7, 13)  # SEG_*: each segment's stream key, first value, rows
+N_SITES, SITES, GROUPS, SUMS, LEARNED, N_LEARNED, LEARN_CAP = range(13, 20)
+PYTHON_APPLY, IS_HOST, IS_CONTIGUOUS, NATIVE, ROW_K, ROW_V, PREFIX_K, PREFIX_V = range(20, 28)
+WRITES, WRITES_CAP, N_WRITES, INDEX_KEYS, INDEX_ROWS, INDEX_CAP, N_INDEX, TENSOR_GET = range(28, 36)
+ATTN, ATTN_STRIDE, N_ATTN, ATTN_N_KV, ATTN_HEADS = range(36, 41)  # attention sums (kvinject/engine/attention.py)
+MASK, OUTSIDE_SUMS = range(41, 43)  # --positions: which rows get the error (0: all), sums of the others
+LAW = 43  # what the pass computes: a factor law (kind, a, b) or a rounding (kvinject/engine/rounding.py), float64
+PRE_ROPE = 44  # K claimed before RoPE: a rope node starts a run, and K's names may carry a tag (Kcur_normed-<il>)
+CLAIMS = 45  # claimed nodes computed so far: each one a graph split
+RESID, RESID_CAP, RESID_EMBD, RESID_LAYERS, RESID_TABLE = range(46, 51)  # each layer's output (kvinject/engine/residual.py)
+QUEUE, N_QUEUED = range(51, 53)  # changes of one claim left to Python: (tensor, site, at) triples, how many
+COLUMNS_K, COLUMNS_V = range(53, 55)  # --heads: which components of a K or V row get the error (0: all)
+HEADER = 55
+LAW_SLOTS = 5
+
+# Modes.
+RUN, LEARN = 0, 1
+
+# Per-site columns: the plan, then what one decode did (from SEEN on).
+WANTED, N_RUNS, CLAIM_RUN, FINAL_OP, GROUP_START, GROUP_LEN, SEEN, PENDING, HITS = range(9)
+SITE_COLUMNS = 9
+
+# Columns of the residual table, per layer: rows copied, copies this decode, a copy refused (not f32 rows of RESID_EMBD).
+RESID_ROWS, RESID_COPIES, RESID_BAD = range(3)
+
+# Error codes, turned into exceptions by the hook after the decode.
+MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW, WRITES_OVERFLOW, BAD_INDEX, BAD_SOFT_MAX = 1, 2, 3, 4, 5, 6, 7
+
+# Realized-error sums per component, in RealizedStats' field order (written by _change).
+N_SUMS = len(fields(RealizedStats))
+
+_TYPE, _BUFFER, _NE, _OP, _SRC, _VIEW_SRC, _DATA, _NAME = (
+    getattr(ggml.GgmlTensor, f).offset for f in ("type", "buffer", "ne", "op", "src", "view_src", "data", "name")
+)
+
+
+def _pointer_to(element: types.Type):
+    @intrinsic
+    def pointer(typingctx, address):
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+        return types.CPointer(element)(types.int64), codegen
+
+    return pointer
+
+
+_i64, _u64, _i32, _u32, _u8, _f32, _f64 = (
+    _pointer_to(t) for t in (types.int64, types.uint64, types.int32, types.uint32, types.uint8, types.float32, types.float64)
+)
+
+
+@intrinsic
+def _ggml_test(typingctx, function, pointer):
+    """A ggml ``bool f(pointer)`` (ggml_is_contiguous, ggml_backend_buffer_is_host), called
+    through its address."""
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(8), [ir.IntType(64)])
+        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [args[1]])
+
+    return types.uint8(types.int64, types.int64), codegen
+
+
+def _call_void(context, builder, signature, args):
+    """Call ``void f(int64, ...)`` through the address in ``args[0]``."""
+    fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] * (len(args) - 1))
+    builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _python_apply(typingctx, function, n):
+    """The hook's Python fallback for the first ``n`` (tensor, site, at) triples of its queue,
+    called through its ctypes address."""
+    return types.void(types.int64, types.int64), _call_void
+
+
+@intrinsic
+def _tensor_get(typingctx, function, tensor, data, offset, size):
+    """ggml_backend_tensor_get, host or device memory alike."""
+    return types.void(types.int64, types.int64, types.int64, types.int64, types.int64), _call_void
+
+
+@njit(cache=True)
+def _site(head, t):
+    """The site a node's name denotes (``<prefix>-<layer>``), or -1."""
+    name = carray(_u8(t + _NAME), 16)
+    prefix = carray(_u32(t + _NAME), 1)[0]
+    if prefix == head[PREFIX_K]:
+        component = 0
+    elif prefix == head[PREFIX_V]:
+        component = 1
+    else:
+        return -1
+    start = 5
+    if name[4] != 45:  # '-'
+        if component != 0 or head[PRE_ROPE] == 0 or name[4] != 95:  # '_': K's tagged names, before RoPE only
+            return -1
+        start = 0
+        for i in range(5, 15):
+            if name[i] == 45:
+                start = i + 1
+                break
+            if name[i] != 95 and (name[i] < 97 or name[i] > 122):  # a tag of lower-case letters and '_'
+                return -1
+        if start == 0:
+            return -1
+    layer = _layer(name, start)
+    site = 2 * layer + component
+    return site if layer >= 0 and site < head[N_SITES] else -1
+
+
+@njit(cache=True)
+def _layer(name, start):
+    """The layer number a node name ends with, from ``start`` to its NUL, or -1."""
+    layer = 0
+    for i in range(start, 16):
+        c = name[i]
+        if c == 0:
+            return layer if i > start else -1
+        if c < 48 or c > 57:
+            return -1
+        layer = layer * 10 + (c - 48)
+    return -1
+
+
+@njit(cache=True)
+def _has_prefix(t, prefix):
+    name = carray(_u8(t + _NAME), 16)
+    for i in range(len(prefix)):
+        if name[i] != prefix[i]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _fail(head, code, site, value):
+    if head[ERROR] == 0:  # the first error explains best
+        head[ERROR], head[ERROR_SITE], head[ERROR_VALUE] = code, site, value
+
+
+@njit(cache=True)
+def _ask(head, t):
+    sites = carray(_i64(head[SITES]), (head[N_SITES], SITE_COLUMNS))
+    site = _site(head, t)
+    if site >= 0 and sites[site, WANTED] == 0:
+        site = -1
+    op = carray(_i32(t + _OP), 1)[0]
+    if site != head[RUN_SITE] or (site >= 0 and head[PRE_ROPE] != 0 and op == ggml.GGML_OP_ROPE):
+        if head[RUN_SITE] >= 0:
+            _end_run(head, sites)
+        head[RUN_SITE] = site
+    if site < 0:  # in no run (sites[-1] would read the last site's row and claim nodes of its op)
+        return 0
+    head[RUN_LAST] = t
+    return 1 if sites[site, GROUP_LEN] > 0 and sites[site, FINAL_OP] == op else 0
+
+
+@njit(cache=True)
+def _end_run(head, sites):
+    """A run of nodes named for ``site`` ended: at its claimed run (the last, or before RoPE),
+    change what its claim changes."""
+    site, last = head[RUN_SITE], head[RUN_LAST]
+    head[RUN_SITE] = -1
+    sites[site, SEEN] += 1
+    seen = sites[site, SEEN]
+    if seen < sites[site, CLAIM_RUN] or sites[site, CLAIM_RUN] < seen <= sites[site, N_RUNS]:
+        return
+    start, count = sites[site, GROUP_START], sites[site, GROUP_LEN]
+    groups = carray(_i64(head[GROUPS]), head[N_SITES])
+    bad = seen > sites[site, N_RUNS]
+    if count > 0 and head[COMPUTED] != last:
+        bad = True
+    for g in range(start, start + count - 1):
+        if sites[groups[g], PENDING] == 0:
+            bad = True
+    if bad:
+        _fail(head, MISMATCH, site, 0)
+        return
+    if count == 0:  # changed at a later claim of its layer
+        sites[site, PENDING] = last
+        return
+    for g in range(start, start + count):
+        s = groups[g]
+        t = last if s == site else sites[s, PENDING]
+        sites[s, PENDING] = 0
+        _perturb(head, t, s)
+        sites[s, HITS] += 1
+    if head[N_QUEUED] > 0:  # one call into Python per claim (K and V together): each costs microseconds
+        _python_apply(head[PYTHON_APPLY], head[N_QUEUED])
+        head[N_QUEUED] = 0
+
+
+@njit(cache=True)
+def _perturb(head, t, site):
+    component = site & 1
+    row = head[ROW_K + component]
+    ne = carray(_i64(t + _NE), 4)
+    n = ne[0] * ne[1] * ne[2] * ne[3]
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], t) != 0
+    if not ok:
+        _fail(head, NOT_F32, site, n)
+        return
+    if n != head[ROWS] * row:
+        _fail(head, BAD_ROWS, site, n)
+        return
+    at = head[AT]
+    head[AT] = at + row
+    buffer = carray(_i64(t + _BUFFER), 1)[0]
+    if head[NATIVE] == 0 or _ggml_test(head[IS_HOST], buffer) == 0:
+        queue = carray(_i64(head[QUEUE]), (head[N_SITES], 3))
+        i = head[N_QUEUED]
+        queue[i, 0], queue[i, 1], queue[i, 2] = t, site, at
+        head[N_QUEUED] = i + 1
+        return
+    x = carray(_f32(carray(_i64(t + _DATA), 1)[0]), n)
+    sums = carray(_f64(head[SUMS]), (2, N_SUMS))[component]
+    seg_key = carray(_u64(head[SEG_KEY]), head[N_SEG])
+    seg_start = carray(_i64(head[SEG_START]), head[N_SEG])
+    seg_rows = carray(_i64(head[SEG_ROWS]), head[N_SEG])
+    law = carray(_f64(head[LAW]), LAW_SLOTS)
+    mask = carray(_u8(head[MASK]), head[ROWS] if head[MASK] != 0 else 0)
+    columns = carray(_u8(head[COLUMNS_K + component]), row if head[COLUMNS_K + component] != 0 else 0)
+    outside = carray(_f64(head[OUTSIDE_SUMS]), (2, N_SUMS))[component]
+    _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, columns, sums, outside)
+
+
+@njit(cache=True)
+def _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, columns, sums, outside):
+    """x *= factor, row by row, or x rounded (``law``: a factor law, or ROUND, the format of
+    kvinject/engine/rounding.py and the size of an MX block, 0 for none); each segment's rows take
+    their factors from their stream's values from ``seg_start + at * rows`` on, ``row`` per row
+    (the layout of a block of ``rows * width`` values, sites one after another); and the
+    realized-error sums of what changed. Rows that ``mask`` (when given) leaves out keep their values, and so do the
+    components of a row that ``columns`` (when given) leaves out; they count in the sums as
+    unchanged, and in ``outside`` too."""
+    kind, a, b = np.int64(law[0]), np.float32(law[1]), np.float32(law[2])
+    largest, nmant, minexp, block = law[1], np.int64(law[2]), np.int64(law[3]), np.int64(law[4])
+    scale = 1.0
+    changed = nonfinite = rel_n = flips = 0
+    rel_sum = rel_sumsq = signal = noise = 0.0
+    out_values = out_nonfinite = out_rel_n = 0
+    out_signal = 0.0
+    first = 0
+    for k in range(len(seg_rows)):
+        rows, key = seg_rows[k], seg_key[k]
+        for j in range(rows):
+            start = seg_start[k] + at * rows + j * row
+            xs = x[(first + j) * row : (first + j + 1) * row]
+            row_out = len(mask) > 0 and mask[first + j] == 0
+            for c in range(row):
+                before = xs[c]
+                if block > 0 and c % block == 0:  # of the whole block, whatever --heads leaves out
+                    scale = shared_scale(xs[c : c + block], largest)
+                if row_out or (len(columns) > 0 and columns[c] == 0):  # what follows adds for a factor of 1
+                    out_values += 1
+                    if not np.isfinite(before):
+                        nonfinite += 1
+                        out_nonfinite += 1
+                        continue
+                    signal += np.float64(before) * np.float64(before)
+                    out_signal += np.float64(before) * np.float64(before)
+                    if before != 0:
+                        rel_n += 1
+                        out_rel_n += 1
+                    continue
+                if kind == ROUND and block > 0:
+                    after = round_scaled(before, scale, largest, nmant, minexp)
+                elif kind == ROUND:
+                    after = round_to(before, largest, nmant, minexp)
+                else:
+                    after = before * factor(kind, a, b, hash_at(key, start + c))
+                xs[c] = after
+                if after != before and (after == after or before == before):  # a NaN left NaN is no change
+                    changed += 1
+                if not np.isfinite(after):
+                    nonfinite += 1
+                    continue
+                d = np.float64(after) - np.float64(before)
+                signal += np.float64(before) * np.float64(before)
+                noise += d * d
+                if before != 0:
+                    rel = d / np.float64(before)
+                    rel_n += 1
+                    rel_sum += rel
+                    rel_sumsq += rel * rel
+                    if np.float64(after) * np.float64(before) < 0:
+                        flips += 1
+        first += rows
+    sums[0] += len(x)
+    sums[1] += 1
+    sums[2] += changed
+    sums[3] += nonfinite
+    sums[4] += rel_n
+    sums[5] += rel_sum
+    sums[6] += rel_sumsq
+    sums[7] += flips
+    sums[8] += signal
+    sums[9] += noise
+    if len(mask) > 0 or len(columns) > 0:
+        outside[0] += out_values
+        outside[1] += 1
+        outside[3] += out_nonfinite
+        outside[4] += out_rel_n
+        outside[8] += out_signal
+
+
+@njit(cache=True)
+def _record(head, t):
+    """A cache write ``ggml_set_rows(cache, rows, index)``, a view of the cache tensor: note the
+    tensor and where its index went. An index of one cell per batch row is copied now, once per
+    decode: graph memory is reused after its last reader, so after the decode it may hold
+    anything. Transposed V's index (one per element) is not copied: its cells are K's."""
+    n = head[N_WRITES]
+    if n >= head[WRITES_CAP]:
+        _fail(head, WRITES_OVERFLOW, -1, n)
+        return
+    index = carray(_i64(t + _SRC), 2)[1]
+    ne = carray(_i64(index + _NE), 4)
+    slot = -1
+    if ne[0] * ne[1] * ne[2] * ne[3] == head[ROWS]:
+        if carray(_i32(index + _TYPE), 1)[0] != ggml.GGML_TYPE_I64:
+            _fail(head, BAD_INDEX, -1, n)
+            return
+        keys = carray(_i64(head[INDEX_KEYS]), head[INDEX_CAP])
+        for s in range(head[N_INDEX]):
+            if keys[s] == index:
+                slot = s
+        if slot < 0:
+            slot = head[N_INDEX]
+            if slot >= head[INDEX_CAP]:
+                _fail(head, WRITES_OVERFLOW, -1, n)
+                return
+            keys[slot] = index
+            head[N_INDEX] = slot + 1
+            nbytes = head[ROWS] * 8
+            _tensor_get(head[TENSOR_GET], index, head[INDEX_ROWS] + slot * nbytes, 0, nbytes)
+    writes = carray(_i64(head[WRITES]), (head[WRITES_CAP], 2))
+    view = carray(_i64(t + _VIEW_SRC), 1)[0]
+    writes[n, 0] = view if view != 0 else t
+    writes[n, 1] = slot
+    head[N_WRITES] = n + 1
+
+
+# llama.cpp names each layer's attention weights (flash attention off) 'kq_soft_max-<il>' (llama-graph.cpp, build_attn_mha).
+_SOFT_MAX = np.frombuffer(b"kq_soft_max-", np.uint8)
+
+
+@njit(cache=True)
+def _is_soft_max(t):
+    return _has_prefix(t, _SOFT_MAX)
+
+
+@njit(cache=True)
+def _add_attention(head, t):
+    """A layer's attention weights, (heads, rows, cells) with cells fastest: add their sum over
+    heads to the decode's (rows, cells) sums."""
+    ne = carray(_i64(t + _NE), 4)
+    n_kv, rows, heads = ne[0], ne[1], ne[2]
+    buffer = carray(_i64(t + _BUFFER), 1)[0]
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], t) != 0 and _ggml_test(head[IS_HOST], buffer) != 0
+    if not ok or rows != head[ROWS] or ne[3] != 1 or n_kv > head[ATTN_STRIDE]:
+        _fail(head, BAD_SOFT_MAX, -1, n_kv)
+        return
+    stride = head[ATTN_STRIDE]
+    x = carray(_f32(carray(_i64(t + _DATA), 1)[0]), heads * rows * n_kv)
+    sums = carray(_f64(head[ATTN]), rows * stride)
+    for h in range(heads):
+        for i in range(rows):
+            for j in range(n_kv):
+                sums[i * stride + j] += x[(h * rows + i) * n_kv + j]
+    head[N_ATTN] += 1
+    head[ATTN_N_KV] = max(head[ATTN_N_KV], n_kv)
+    head[ATTN_HEADS] = heads
+
+
+# llama.cpp's model graphs name each layer's output, the residual stream after attention and FFN, 'l_out-<il>'.
+_L_OUT = np.frombuffer(b"l_out-", np.uint8)
+
+
+@njit(cache=True)
+def _l_out_layer(t):
+    """The layer of an 'l_out-<il>' node, or -1."""
+    return _layer(carray(_u8(t + _NAME), 16), len(_L_OUT)) if _has_prefix(t, _L_OUT) else -1
+
+
+@njit(cache=True)
+def _copy_residual(head, t, layer):
+    """Copy a computed layer output, (rows, n_embd) f32, to the layer's slot of the residual buffer."""
+    table = carray(_i64(head[RESID_TABLE]), (head[RESID_LAYERS], 3))
+    ne = carray(_i64(t + _NE), 4)
+    rows, embd = head[RESID_CAP], head[RESID_EMBD]
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], t) != 0
+    if not ok or ne[0] != embd or ne[1] > rows or ne[2] * ne[3] != 1 or layer >= head[RESID_LAYERS]:
+        if layer < head[RESID_LAYERS]:
+            table[layer, RESID_BAD] = 1
+        return
+    _tensor_get(head[TENSOR_GET], t, head[RESID] + layer * rows * embd * 4, 0, ne[1] * embd * 4)  # host or device memory
+    table[layer, RESID_ROWS] = ne[1]
+    table[layer, RESID_COPIES] += 1
+
+
+@cfunc(types.uint8(types.int64, types.uint8, types.int64), cache=True)
+def callback(t, ask, user_data):
+    head = carray(_i64(user_data), HEADER)
+    if ask == 0:
+        if head[ATTN] != 0 and _is_soft_max(t):
+            _add_attention(head, t)
+        if head[RESID] != 0:
+            layer = _l_out_layer(t)
+            if layer >= 0:
+                _copy_residual(head, t, layer)
+        head[COMPUTED] = t
+        head[CLAIMS] += 1
+        return 1
+    if head[MODE] == LEARN:  # record every node, claim none
+        n = head[N_LEARNED]
+        if n < head[LEARN_CAP]:
+            carray(_i64(head[LEARNED]), head[LEARN_CAP])[n] = t
+        else:
+            _fail(head, LEARN_OVERFLOW, -1, n)
+        head[N_LEARNED] = n + 1
+        return 0
+    if head[WRITES_CAP] > 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:
+        _record(head, t)
+    if head[ATTN] != 0 and _is_soft_max(t):  # claimed: its weights are summed once computed
+        return 1
+    claimed = _ask(head, t)
+    if claimed == 0 and head[RESID] != 0 and _l_out_layer(t) >= 0:  # claimed: copied once computed
+        return 1
+    return claimed
+
+
+def prefix(name: bytes) -> int:
+    """The first four bytes of a node name as the callback compares them."""
+    return int(np.frombuffer(name[:4].ljust(4, b"\0"), np.uint32)[0])

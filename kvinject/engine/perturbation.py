@@ -1,0 +1,265 @@
+"""The contract between the engine and error models: what the hook and a context call on the
+model a configuration holds, and the noise streams models draw from.
+
+Each model is a small frozen dataclass, parsed from a spec such as ``normal:0,0.25`` and
+applied in place to a float32 array of K or V rows. Multiplicative models give a law whose
+factors the compiled callback computes as it applies them (kvinject/engine/variates.py); other
+models that need randomness draw it in large blocks (``draw``) from a :class:`Draws` stream,
+so the hook pays for one slice per cache write instead of one random-number call. The models
+themselves, their registry and the spec parser live in kvinject/error_models/.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import MISSING, dataclass, fields
+from typing import TYPE_CHECKING, ClassVar, Sequence
+
+import numpy as np
+
+from ..exceptions import SpecError
+from ..values import parse_float, parse_int
+from .variates import Draws, Variates
+
+if TYPE_CHECKING:
+    from .model import Model
+    from .options import CacheOptions
+    from .resident import ResidentCache
+    from .target import Target
+
+
+class ErrorModel(ABC):
+    """One kind of error. Subclasses set ``name``, ``syntax`` and ``summary`` and implement
+    ``apply``; those that need randomness also implement ``draw``."""
+
+    name: ClassVar[str]
+    syntax: ClassVar[str]
+    summary: ClassVar[str]
+    example: ClassVar[str]
+
+    @classmethod
+    def parse(cls, args: list[str], options: dict[str, str]) -> ErrorModel:
+        """Positional args fill the dataclass fields in order; options are ``key=value``."""
+        names = [f.name for f in fields(cls)]
+        if len(args) > len(names):
+            raise SpecError(f"'{cls.name}' takes at most {len(names)} values, got {len(args)}")
+        values: dict[str, str] = dict(zip(names, args))
+        for key, value in options.items():
+            if key not in names:
+                raise SpecError(f"'{cls.name}' has no option '{key}' (options: {', '.join(names)})")
+            if key in values:
+                raise SpecError(f"'{cls.name}': '{key}' given twice")
+            values[key] = value
+        kwargs = {}
+        for f in fields(cls):
+            if f.name not in values:
+                if f.default is not MISSING:
+                    continue
+                raise SpecError(f"'{cls.name}' needs a value for '{f.name}'")
+            kwargs[f.name] = _convert(cls.name, f.name, f.type, values[f.name])
+        return cls(**kwargs)
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec string, parseable back into an equal model."""
+        # Fields with a default (options such as group=, field=) are written as key=value; an
+        # option whose default is None only when given, so that adding one changes no spec.
+        values = ",".join(
+            _fmt(getattr(self, f.name)) if f.default is MISSING else f"{f.name}={_fmt(getattr(self, f.name))}"
+            for f in fields(self)
+            if not (f.default is None and getattr(self, f.name) is None)
+        )
+        return f"{self.name}:{values}" if values else self.name
+
+    @property
+    def injects(self) -> bool:
+        return True
+
+    def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
+        """Bits per element of K or V (``component``) a compressor producing this model's values
+        would store, scales and zero points included, when the cache stores ``stored`` bits per
+        element and holds sequences of ``lengths`` tokens (none known: long ones) in rows of
+        ``row`` components (0: not known). Noise and faults compress nothing."""
+        return stored
+
+    @property
+    def pre_rope(self) -> bool:
+        """Change K where RoPE reads it rather than where the cache write does (kvinject/engine/hook.py)."""
+        return False
+
+    @property
+    def cache_free(self) -> bool:
+        """Generate without reusing cached K/V (kvinject/engine/cache_free.py)."""
+        return False
+
+    @property
+    def law(self) -> tuple[float, ...] | None:
+        """What the compiled callback computes itself in its pass over host memory, ``(kind,
+        ...)``: a factor law of kvinject/engine/variates.py or a rounding (kvinject/engine/rounding.py). None:
+        :meth:`apply` runs in Python."""
+        return None
+
+    def stream(self, rng: np.random.Generator, horizon: int | None) -> Draws | None:
+        """The random values of one item, drawn from ``rng``; ``horizon``: how many values the
+        item's prompt writes to the targeted sites (None where unknown)."""
+        return Draws(self.draw, rng) if self.random else None
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        raise NotImplementedError(f"{self.name} draws no random values")
+
+    @property
+    def random(self) -> bool:
+        return type(self).draw is not ErrorModel.draw
+
+    @abstractmethod
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        """Change ``x`` (float32, shape (rows, components)) in place."""
+
+    def apply_at(self, x: np.ndarray, draws: Draws | None, component: str, layer: int) -> None:
+        """:meth:`apply` to the K or V rows (``component``) of one layer, for models whose
+        parameters differ from layer to layer."""
+        self.apply(x, draws)
+
+    def stored(self, cache: CacheOptions, components: str) -> ErrorModel:
+        """The model as it acts on the values a cache of these types stores for ``components``
+        ("k", "v" or "kv"): itself, or one resolved to the stored format (bit flips); raises
+        SpecError where the two do not go together. A configuration holds the model so resolved."""
+        return self
+
+    def fit(self, model: Model, cache: CacheOptions) -> ErrorModel:
+        """The model as a context of ``model`` applies it: calibrated on the model where it needs
+        to be (kvquant's K ranges), itself otherwise."""
+        return self
+
+    def unchanged(self, x: np.ndarray) -> np.ndarray:
+        """The values the realized statistics measure the change from: ``x`` itself, or the
+        value a model starts from where it is not ``x`` (bit flips act on the stored format's)."""
+        return x
+
+    @property
+    def sink_tokens(self) -> int:
+        """The first positions of every sequence the model leaves exact (attention sinks)."""
+        return 0
+
+    def span(self, component: str, row: int) -> int:
+        """How many consecutive components of a K or V row of ``row`` the model computes together
+        (a quantization group, an MX block, a whole row): 1 for a model of each value alone. With
+        --heads a span must stay within a KV head, or the heads left out would shape the others."""
+        return 1
+
+    @property
+    def placed(self) -> bool:
+        """Places a fixed number of changes among every value an item writes to the targeted
+        layers, so that a narrower selection (--positions, --heads) would lose some."""
+        return False
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return repr(value).removesuffix(".0") if value.is_integer() else repr(value)
+    return str(value)
+
+
+def _convert(model: str, field: str, typ: object, text: str) -> object:
+    if isinstance(typ, str):  # annotations are strings here; "int | None" is an optional int
+        typ = {"float": float, "int": int, "str": str}.get(typ.removesuffix(" | None"), typ)
+    if typ is int:
+        return parse_int(f"'{model}': {field}", text)
+    if typ is float:
+        return parse_float(f"'{model}': {field}", text)
+    return text
+
+
+class Multiplicative(ErrorModel):
+    """kv = kv * factor, one random factor per component under ``law`` (kvinject/engine/variates.py),
+    which the compiled callback computes as it multiplies."""
+
+    @property
+    @abstractmethod
+    def law(self) -> tuple[int, float, float]:
+        """``(kind, a, b)``, a factor law of kvinject/engine/variates.py."""
+
+    @property
+    def random(self) -> bool:
+        return True
+
+    def stream(self, rng: np.random.Generator, horizon: int | None) -> Variates:
+        return Variates(self.law, int(rng.integers(0, 2**64, dtype=np.uint64)))
+
+    def apply(self, x: np.ndarray, draws: Draws | Variates | None) -> None:
+        x *= draws.take(x.size).reshape(x.shape)
+
+
+class CacheResident(ErrorModel):
+    """A model that changes cells already in the cache after each decode instead of values as
+    they enter it: what cannot be decided for one vector alone (KIVI quantizes K over groups of
+    tokens and keeps the most recent ones exact until they age out). The hook claims nothing for
+    it; the context calls :meth:`check` before it creates its llama context and
+    :meth:`after_decode` after every decode (kvinject/engine/resident.py)."""
+
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        """Nothing happens at entry."""
+
+    @property
+    def attention(self) -> bool:
+        """Needs each decode's attention weights (:meth:`ResidentCache.attention`)."""
+        return False
+
+    def check_target(self, target: Target, cache: CacheOptions) -> None:
+        """Refuse, in one line, a target or cache this transform cannot work with: when a
+        configuration is parsed, before anything runs (and again by :meth:`check`)."""
+
+    def check(self, model: Model, target: Target, cache: CacheOptions) -> None:
+        """Refuse, in one line, a model, target or cache this transform cannot work on."""
+        self.check_target(target, cache)
+
+    @abstractmethod
+    def after_decode(self, cache: ResidentCache, grown: list[tuple[int, int, int]]) -> None:
+        """Change cells of ``cache``; ``grown`` holds ``(seq, tokens before, tokens after)`` for
+        each sequence the decode extended."""
+
+
+@dataclass(frozen=True)
+class NoError(ErrorModel):
+    name: ClassVar[str] = "none"
+    syntax: ClassVar[str] = "none"
+    summary: ClassVar[str] = "Control: no hook is installed and the cache is left alone."
+    example: ClassVar[str] = "none"
+
+    @property
+    def injects(self) -> bool:
+        return False
+
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        pass
+
+
+def check_selection(error: ErrorModel, target: Target) -> None:
+    """Positions and heads select values of K/V as they enter the cache; a cache-resident model
+    changes cells after, and a model that places a fixed number of faults would lose those
+    placed outside."""
+    for option, given in (("--positions", target.positions is not None), ("--heads", target.heads is not None)):
+        if given and isinstance(error, CacheResident):
+            raise SpecError(f"{option} does not apply to '{error.name}', which changes cells already in the cache rather than K/V as they enter it")
+        if given and error.placed:
+            raise SpecError(
+                f"{option} does not apply to '{error.name}', which places its faults among every value of the targeted layers "
+                "(those outside would be lost): use bitflip:P with a bit or field"
+            )
+
+
+def check_groups(error: ErrorModel, target: Target, n_head_kv: int, head_dim_k: int, head_dim_v: int) -> None:
+    """Each group the model computes together (ErrorModel.span) must tile the targeted K or V
+    rows, and with --heads stay within one KV head; checked before anything runs."""
+    for component, dim in (("k", head_dim_k), ("v", head_dim_v)):
+        row = n_head_kv * dim
+        span = error.span(component, row)
+        if component not in target.components:
+            continue
+        if row % span:
+            raise SpecError(f"'{error.spec}' computes groups of {span} components, which do not divide the {component.upper()} row of {row}")
+        if target.heads is not None and dim % span:
+            raise SpecError(
+                f"--heads does not apply to '{error.spec}' on {component.upper()}: it computes {span} components together, "
+                f"across KV heads of {dim} (a group or block that divides {dim} keeps within a head)"
+            )

@@ -1,0 +1,87 @@
+"""A configuration: one error model, where it applies, and how the cache stores K and V."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..engine.options import CACHE_TYPES, CacheOptions
+from ..engine.perturbation import CacheResident, ErrorModel, Multiplicative, NoError, check_groups, check_selection
+from ..engine.target import Target
+from ..engine.variates import GENERATOR
+from ..exceptions import SpecError
+from .registry import parse_error
+
+
+@dataclass(frozen=True)
+class Configuration:
+    error: ErrorModel = field(default_factory=NoError)
+    target: Target = field(default_factory=Target)
+    cache: CacheOptions = field(default_factory=CacheOptions)
+
+    @classmethod
+    def parse(cls, spec: str, target: Target | None = None, cache: CacheOptions | None = None) -> Configuration:
+        """``ERROR[@K[/V]]``: an error spec, optionally with the cache types of this configuration
+        (``none@f32``: an f32 control; ``none@q8_0``: llama.cpp's q8_0 cache; ``none@f16/q8_0``)."""
+        error, at, types = spec.rpartition("@") if "@" in spec else (spec, "", "")
+        cache = cache or CacheOptions()
+        if at:
+            type_k, _, type_v = (t.strip() for t in types.partition("/"))
+            if type_k not in CACHE_TYPES or (type_v or type_k) not in CACHE_TYPES:  # not --cache-type-k/v, as CacheOptions would say
+                raise SpecError(f"'{spec}': after @ give the cache types as K or K/V, each one of {', '.join(CACHE_TYPES)}")
+            cache = replace(cache, type_k=type_k, type_v=type_v or type_k)
+        model = parse_error(error)
+        target = (target or Target()) if model.injects else Target()  # no error, no target
+        check_selection(model, target)
+        if isinstance(model, CacheResident):
+            model.check_target(target, cache)
+        model = model.stored(cache, target.components)
+        return cls(model, target, cache)
+
+    def check(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int) -> None:
+        """Fail when the target names layers or KV heads a model of this shape lacks, or the
+        error model's groups do not fit its rows or heads."""
+        self.target.check(n_layer, n_head_kv)
+        check_groups(self.error, self.target, n_head_kv, head_dim_k, head_dim_v)
+
+    @property
+    def label(self) -> str:
+        """``ERROR [target:layers pos:POSITIONS heads:HEADS] @K/V``; the target, positions, heads and
+        cache types only when not the defaults (every layer, position and head of K and V, f16 cache)."""
+        t = self.target
+        positions = "" if t.positions is None else f" pos:{t.positions.spec}"
+        heads = "" if t.heads is None else f" heads:{t.heads_spec}"
+        where = "" if not self.error.injects or t == Target() else f" [{t.components}:{t.layers_spec}{positions}{heads}]"
+        k, v = self.cache.type_k, self.cache.type_v
+        types = "" if k == v == "f16" else f" @{k}" if k == v else f" @{k}/{v}"
+        return f"{self.error.spec}{where}{types}"
+
+    def label_beside(self, control: Configuration) -> str:
+        """The label as a table shows it beside ``control``'s: the f16 cache that labels leave
+        out is named where the control's is another (``none`` beside ``none @f32``, the control,
+        read as the control itself)."""
+        default = ("f16", "f16")
+        if (self.cache.type_k, self.cache.type_v) == default != (control.cache.type_k, control.cache.type_v):
+            return f"{self.label} @f16"
+        return self.label
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "error": self.error.spec,
+            "target": self.target.components,
+            "layers": self.target.layers_spec,
+            # Only when given: the records and store keys of configurations without stay as they were.
+            **({"positions": self.target.positions.spec} if self.target.positions is not None else {}),
+            **({"heads": self.target.heads_spec} if self.target.heads is not None else {}),
+            "cache": self.cache.to_dict(),
+            # The factors of a multiplicative model depend on the generator: a store does not mix
+            # results of two generators under one key.
+            **({"noise": GENERATOR} if isinstance(self.error, Multiplicative) else {}),
+        }
+
+
+def configurations(control: str, errors: list[str], target: Target | None = None, cache: CacheOptions | None = None) -> list[Configuration]:
+    """The control (``control``, e.g. ``none@f32``) and one configuration per error spec, each
+    ``ERROR[@K[/V]]`` with ``target`` and ``cache``; a spec equal to the control is dropped."""
+    first = Configuration.parse(control, cache=cache)
+    rest = [Configuration.parse(e, target, cache) for e in errors]
+    return [first] + [c for c in dict.fromkeys(rest) if c != first]

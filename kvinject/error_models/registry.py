@@ -1,0 +1,52 @@
+"""The error models' registry and the parser of their specs (``NAME[:V1,V2,...,key=value]``);
+the contract models implement is kvinject/engine/perturbation.py."""
+
+from __future__ import annotations
+
+import difflib
+
+import numpy as np
+
+from ..engine.perturbation import ErrorModel
+from ..exceptions import SpecError
+
+REGISTRY: dict[str, type[ErrorModel]] = {}
+
+
+def register(cls: type[ErrorModel]) -> type[ErrorModel]:
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def row_groups(x: np.ndarray, size: int, what: str) -> np.ndarray:
+    """``x``'s rows cut into groups of ``size`` components, a view (``what``: the model's name
+    and option, for the error when ``size`` does not divide a row)."""
+    if x.shape[1] % size:
+        raise SpecError(f"{what} {size} does not divide the row length {x.shape[1]}")
+    return x.reshape(-1, size)
+
+
+def parse_error(spec: str) -> ErrorModel:
+    """Parse ``NAME[:V1,V2,...,key=value]`` into a registered error model."""
+    name, _, rest = spec.strip().partition(":")
+    cls = REGISTRY.get(name.strip().lower())
+    if cls is None:
+        close = difflib.get_close_matches(name.strip().lower(), REGISTRY, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise SpecError(f"unknown error model '{name}' in '{spec}': {hint}the models are {', '.join(REGISTRY)} (`kvinject errors` explains them)")
+    args: list[str] = []
+    options: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))) if rest.strip() else ():
+        if "=" in part:
+            key, _, value = part.partition("=")
+            if key.strip() in options:
+                raise SpecError(f"bad error spec '{spec}': option '{key.strip()}' given twice\nvalid form: {cls.syntax} (e.g. {cls.example})")
+            options[key.strip()] = value.strip()
+        elif options:
+            raise SpecError(f"'{spec}': positional value '{part}' after key=value options")
+        else:
+            args.append(part)
+    try:
+        return cls.parse(args, options)
+    except SpecError as e:
+        raise SpecError(f"bad error spec '{spec}': {e}\nvalid form: {cls.syntax} (e.g. {cls.example})") from None

@@ -1,0 +1,84 @@
+"""Decode time with the K/V hook against the same decode without it, interleaved decode by decode.
+
+    python perf/hook_overhead.py [--model M] [--steps 100] [--sequences 1 8] [--errors normal:0,0 ...]
+        [--prompt-tokens N] [--flash-attn off]
+
+For each number of sequences, one context per configuration holds the same prompt per sequence
+(a short sentence, or it repeated to --prompt-tokens: cache-resident compressors such as KIVI,
+with its 128 exact tokens, or eviction to a budget act only on longer caches); then --steps
+times, each context decodes the next token of every sequence, the configurations one after
+the other. Interleaving single decodes keeps this machine's speed
+drift out of the comparison: the ratio reported is the median over steps of the clean
+decode's time over the configuration's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from kvinject.engine.context import Context
+from kvinject.engine.model import Model
+from kvinject.engine.options import BackendOptions, CacheOptions
+from kvinject.error_models import parse_error
+from tools import spread
+
+ERRORS = ["normal:0,0", "normal:0,0.25"]
+PROMPT = "The history of the printing press begins in the fifteenth century, when"
+
+
+def decode_times(model: Model, cache: CacheOptions, prompt: list[int], specs: list[str], n_seq: int, steps: int) -> dict[str, list[float]]:
+    n_ctx = n_seq * (len(prompt) + steps) + 64
+    contexts = {spec: Context(model, cache, error=parse_error(spec), n_seq=n_seq, n_ctx=n_ctx) for spec in specs}
+    times: dict[str, list[float]] = {spec: [] for spec in specs}
+    try:
+        for ctx in contexts.values():
+            for seq in range(n_seq):
+                ctx.begin_item(seq, seq)
+                ctx.prefill(prompt, seq=seq)
+        for i in range(steps):
+            entries = [(prompt[-1], len(prompt) + i, seq, True) for seq in range(n_seq)]
+            for spec, ctx in contexts.items():
+                start = time.perf_counter()
+                ctx.decode(entries)
+                times[spec].append(time.perf_counter() - start)
+    finally:
+        for ctx in contexts.values():
+            ctx.close()
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--blocks", type=int, default=5, help="the steps are cut into blocks, one ratio each, for the spread")
+    ap.add_argument("--sequences", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--errors", nargs="+", default=ERRORS, help="error specs compared with none")
+    ap.add_argument("--prompt-tokens", type=int, default=None, help="repeat the prompt to this many tokens")
+    ap.add_argument("--flash-attn", default="auto", help="for every configuration (evict:h2o and tova need off)")
+    args = ap.parse_args()
+    model = Model(args.model, BackendOptions(threads=args.threads))
+    prompt = model.tokenize(PROMPT)
+    if args.prompt_tokens:
+        prompt = (prompt * (args.prompt_tokens // len(prompt) + 1))[: args.prompt_tokens]
+    cache = CacheOptions(flash_attn=args.flash_attn)
+    print(f"model {model.path.name}, {model.backend.n_threads} threads, flash attention {args.flash_attn}")
+    print(f"{len(prompt)}-token prompt, {args.steps} interleaved decode steps")
+    specs = ["none", *args.errors]
+    w = max(16, *(len(s) + 2 for s in specs))
+    print(f"{'sequences':>9}  {'error':<{w}}{'ms/decode':>10}  ratio to none: median over blocks of {args.steps // args.blocks} steps")
+    for n_seq in args.sequences:
+        times = decode_times(model, cache, prompt, specs, n_seq, args.steps)
+        size = args.steps // args.blocks
+        print(f"{n_seq:>9}  {'none':<{w}}{statistics.median(times['none']) * 1e3:>10.2f}")
+        for spec in specs[1:]:
+            pairs = [clean / t for clean, t in zip(times["none"], times[spec])]
+            blocks = [statistics.median(pairs[i : i + size]) for i in range(0, size * args.blocks, size)]
+            print(f"{n_seq:>9}  {spec:<{w}}{statistics.median(times[spec]) * 1e3:>10.2f}  {spread(blocks)}")
+
+
+if __name__ == "__main__":
+    main()

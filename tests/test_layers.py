@@ -5,10 +5,12 @@ for type checking count: they are the same dependency), and no module grows past
 import ast
 from pathlib import Path
 
+import kvinject
+
 PACKAGE = Path(__file__).resolve().parent.parent / "kvinject"
 # From the ground up. The foundation is the modules at the top of the package; the package's
 # face (__init__, __main__) stands above every layer.
-LAYERS = ["", "engine", "error_models", "benchmarks", "experiments", "analysis", "cli"]
+LAYERS = ["", "engine", "error_models", "lmeval", "benchmarks", "experiments", "analysis", "cli"]
 FACE = {"kvinject", "kvinject.__main__"}
 MAX_LINES = 500
 
@@ -34,14 +36,27 @@ def _imports(name: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
             source = ".".join([*base, *([node.module] if node.module else [])])
-            found |= {f"{source}.{a.name}" if f"{source}.{a.name}" in MODULES else source for a in node.names}
+            found |= {_module_of(source, a.name) for a in node.names}
     return {m for m in found if m in MODULES and m != name}
+
+
+def _module_of(source: str, name: str) -> str:
+    """The module that ``from source import name`` depends on: a submodule, the module an API
+    name of the package's face comes from, or ``source`` itself. The version is a constant of the
+    face, which any layer may read."""
+    if f"{source}.{name}" in MODULES:
+        return f"{source}.{name}"
+    if source == "kvinject" and name in kvinject._API:
+        return kvinject._API[name]
+    return "" if (source, name) == ("kvinject", "__version__") else source
 
 
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def layer(name: str) -> int:
+    if name in FACE:
+        return len(LAYERS)  # above every layer
     parts = name.split(".")
     return LAYERS.index(parts[1]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else 0
 

@@ -40,6 +40,17 @@ class Negate(ErrorModel):  # not decorated: the entry point names the class, whi
 
     def apply(self, x, draws):
         x *= -1.0
+
+
+@dataclass(frozen=True)
+class Impostor(ErrorModel):  # takes a built-in's name: refused, the built-in stays
+    name: ClassVar[str] = "normal"
+    syntax: ClassVar[str] = "normal"
+    summary: ClassVar[str] = "Not kvinject's normal."
+    example: ClassVar[str] = "normal"
+
+    def apply(self, x, draws):
+        x *= 0.0
 """
 
 BENCH = """
@@ -90,6 +101,7 @@ ENTRY_POINTS = """[kvinject.error_models]
 halve = kvinject_demo.models
 negate = kvinject_demo.models:Negate
 broken = kvinject_demo.missing
+impostor = kvinject_demo.models:Impostor
 
 [kvinject.benchmarks]
 echo = kvinject_demo.bench
@@ -120,6 +132,8 @@ def test_plugins_are_listed_and_a_broken_one_is_named_not_fatal(plugin_path):
     assert out.returncode == 0, out.stderr
     assert "Halve every component." in out.stdout and "Flip the sign of every component." in out.stdout
     assert "'broken' of kvinject-demo (kvinject_demo.missing) failed to load" in out.stderr
+    assert "'impostor' of kvinject-demo" in out.stderr and "the error model name 'normal' is taken by kvinject.error_models.noise.Normal" in out.stderr
+    assert "Not kvinject's normal." not in out.stdout and "kv += kv * N(MEAN,STD)" in out.stdout
     listing = json.loads(kvinject(plugin_path, "benchmarks", "--format", "json").stdout)
     assert "echo" in [b["name"] for b in listing]
 

@@ -11,11 +11,11 @@ from dataclasses import Field, fields
 from typing import Any
 
 from ..exceptions import KvinjectError, SpecError
-from ..plugins import load_plugins
+from ..plugins import import_modules, load_plugins
 from .base import BENCHMARKS, Benchmark, GenerationBenchmark, Plan, RunResult
 from .options import Options, flag
 
-load_plugins(__path__, __name__, "kvinject.benchmarks", lambda cls: None)  # a subclass registers as it is defined
+import_modules(__path__, __name__)
 
 
 def bench_class(name: str) -> type[Benchmark]:
@@ -89,6 +89,9 @@ from .gsm8k import GSM8K  # noqa: E402  (registered above; re-exported for the A
 from .ifeval.bench import IFEval  # noqa: E402
 from .nexttoken import NextToken  # noqa: E402
 from .perplexity import Perplexity  # noqa: E402
+
+# Last: a plug-in may import what this module defines. A subclass registers as it is defined.
+load_plugins("kvinject.benchmarks", lambda cls: None)
 
 __all__ = [
     "BENCHMARKS",

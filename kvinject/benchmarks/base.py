@@ -109,6 +109,9 @@ class Benchmark(ABC):
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "name" in cls.__dict__:
+            taken = BENCHMARKS.get(cls.name)
+            if taken is not None and taken.__qualname__ != cls.__qualname__:  # a module imported again defines its class anew
+                raise SpecError(f"the benchmark name '{cls.name}' is taken by {taken.__module__}.{taken.__qualname__}")
             BENCHMARKS[cls.name] = cls
 
     @classmethod

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .. import __version__, interrupts
 from ..exceptions import KvinjectError
-from . import benchmarks, divergence, errors, generate, info, profile, report, run, score, sweep
+from . import benchmarks, divergence, errors, generate, harness, info, profile, report, run, score, sweep
 
 app = typer.Typer(
     help=(
@@ -56,6 +56,8 @@ app.command(name="divergence")(divergence.divergence_command)
 app.command()(report.report)
 app.command()(score.score)
 app.command()(info.info)
+# lm-eval's options pass through untouched, --help included.
+app.command(name="lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)(harness.lm_eval)
 app.command()(version)
 
 

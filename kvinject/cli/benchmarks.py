@@ -5,11 +5,8 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from ..exceptions import KvinjectError
 from ..jsonutil import dumps
-from .flags import (
-    FormatOpt,
-)
+from .flags import FormatOpt, check_format
 from .render import console
 
 
@@ -30,11 +27,10 @@ def benchmarks(output_format: FormatOpt = "table") -> None:
         }
         for name, cls in BENCHMARKS.items()
     ]
+    check_format(output_format)
     if output_format == "json":
         print(dumps(listing))
         return
-    if output_format != "table":
-        raise KvinjectError(f"--format must be table or json, got '{output_format}'")
     table = Table(title="Benchmarks (--bench NAME)", show_lines=True)
     table.add_column("bench", style="bold cyan", no_wrap=True)
     table.add_column("measures")

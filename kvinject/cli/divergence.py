@@ -15,18 +15,7 @@ from ..engine.target import Target
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
 from ..jsonutil import dumps
-from .flags import (
-    FormatOpt,
-    HeadsOpt,
-    LayersOpt,
-    PositionsOpt,
-    SeedOpt,
-    Setup,
-    TargetOpt,
-    bench_flags,
-    check_format,
-    setup_flags,
-)
+from .flags import FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, bench_flags, check_format, setup_flags
 from .outputs import check_writable
 from .render import console, fmt, progress_bars
 

@@ -16,8 +16,7 @@ from .render import console
 
 # Options shared by every command that loads a model.
 ModelOpt = Annotated[
-    Optional[str],
-    typer.Option("--model", "-m", help="GGUF file, hf:OWNER/REPO/FILE.gguf, or a bundled model (smollm2, gemma3-270m). Default: smollm2."),
+    Optional[str], typer.Option("--model", "-m", help="GGUF file, hf:OWNER/REPO/FILE.gguf, or a bundled model (smollm2, gemma3-270m). Default: smollm2.")
 ]
 GpuOpt = Annotated[Optional[int], typer.Option("--n-gpu-layers", help="Layers to offload to the GPU (-1: all). Default: all with a GPU backend, else 0.")]
 FlashOpt = Annotated[str, typer.Option("--flash-attn", help="Flash attention: auto, on or off.")]
@@ -111,7 +110,7 @@ def setup_from_flags(
 
 
 def setup_flags(parallel: bool):
-    """Give the decorated command the flags of :func:`_setup` (``--parallel`` where it decodes
+    """Give the decorated command the flags of :func:`setup_from_flags` (``--parallel`` where it decodes
     sequences together), declared once; it gets them as ``setup``."""
 
     def decorate(func):
@@ -162,12 +161,7 @@ def bench_flags(func=None, *, kind=None):
             helps.setdefault(f.metadata["help"].rstrip(".") + (f" (default {default})" if default != "-" else ""), []).append(bench)
         text = " ".join(f"{', '.join(b)}: {h}." for h, b in helps.items())
         params.append(
-            inspect.Parameter(
-                name,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=None,
-                annotation=Annotated[value, typer.Option(*flags, help=text, **shown)],
-            )
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[value, typer.Option(*flags, help=text, **shown)])
         )
     names = [p.name for p in params]
 

@@ -12,19 +12,7 @@ from rich.text import Text
 from ..engine.target import Target
 from ..error_models.configuration import configurations
 from ..jsonutil import dumps
-from .flags import (
-    CtxOpt,
-    ErrorOpt,
-    FormatOpt,
-    HeadsOpt,
-    LayersOpt,
-    PositionsOpt,
-    SeedOpt,
-    Setup,
-    TargetOpt,
-    check_format,
-    setup_flags,
-)
+from .flags import CtxOpt, ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, check_format, setup_flags
 from .render import console, fmt
 
 

@@ -6,15 +6,7 @@ from rich.table import Table
 
 from ..engine.options import BackendOptions
 from ..jsonutil import dumps
-from .flags import (
-    CtxOpt,
-    FormatOpt,
-    GpuOpt,
-    ModelOpt,
-    ThreadsOpt,
-    VerboseOpt,
-    load,
-)
+from .flags import CtxOpt, FormatOpt, GpuOpt, ModelOpt, ThreadsOpt, VerboseOpt, load
 from .render import console, fmt
 
 

@@ -11,12 +11,7 @@ from rich.table import Table
 
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
-from .flags import (
-    SeedOpt,
-    Setup,
-    bench_flags,
-    setup_flags,
-)
+from .flags import SeedOpt, Setup, bench_flags, setup_flags
 from .outputs import check_writable
 from .render import console, fmt, interrupted, run_sweep
 

@@ -9,9 +9,7 @@ import typer
 from rich.console import Console
 
 from ..exceptions import KvinjectError
-from .flags import (
-    WideOpt,
-)
+from .flags import WideOpt
 from .outputs import check_writable
 from .render import console, print_table
 

@@ -14,20 +14,7 @@ from ..engine.target import Target
 from ..error_models.configuration import configurations
 from ..exceptions import KvinjectError
 from ..jsonutil import dumps
-from .flags import (
-    ErrorOpt,
-    FormatOpt,
-    HeadsOpt,
-    LayersOpt,
-    PositionsOpt,
-    SeedOpt,
-    Setup,
-    TargetOpt,
-    WideOpt,
-    bench_flags,
-    check_format,
-    setup_flags,
-)
+from .flags import ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, WideOpt, bench_flags, check_format, setup_flags
 from .outputs import check_writable
 from .render import console, print_table, progress_bars
 

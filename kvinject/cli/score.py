@@ -11,10 +11,7 @@ from rich.table import Table
 
 from ..exceptions import KvinjectError
 from ..jsonutil import dumps
-from .flags import (
-    FormatOpt,
-    check_format,
-)
+from .flags import FormatOpt, check_format
 from .outputs import check_writable
 from .render import console
 

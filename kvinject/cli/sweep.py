@@ -9,10 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from .flags import (
-    ParallelOpt,
-    VerboseOpt,
-)
+from .flags import ParallelOpt, VerboseOpt
 from .render import console, count, interrupted, run_sweep
 
 

@@ -170,6 +170,15 @@ class Context:
         if self.resident is not None:
             self.resident.forget(seq)
 
+    def share(self, src: int, dst: int) -> None:
+        """Give sequence ``dst`` the cells of ``src`` (llama_memory_seq_cp): a context decoded
+        once, and its K/V with their error, serves several continuations. Not for a
+        cache-resident model, which tracks each sequence's tokens from position 0 on."""
+        if self.resident is not None:
+            raise InjectionError(f"'{self.error.name}' changes each sequence's own cells: sequences cannot share them")
+        ll.llama_memory_seq_cp(ll.llama_get_memory(self._ptr), src, dst, -1, -1)
+        self._lengths[dst] = self._lengths.get(src, 0)
+
     def _finish(self, seq: int) -> None:
         n = self._lengths.pop(seq, 0)
         if n:

@@ -94,7 +94,7 @@ def file_sha256(path: Path) -> str:
 
 
 class Model:
-    """A GGUF model loaded into llama.cpp. Contexts with hooks are made by ``Model.context``."""
+    """A GGUF model loaded into llama.cpp; ``Context(model, ...)`` (kvinject/engine/context.py) makes contexts on it with a hook."""
 
     def __init__(self, spec: str | None = None, backend: BackendOptions | None = None):
         self.path = resolve_model(spec)
@@ -206,6 +206,15 @@ class Model:
     def bos(self) -> int:
         return ll.llama_vocab_bos(self.vocab)
 
+    @property
+    def eos(self) -> int:
+        return ll.llama_vocab_eos(self.vocab)
+
+    @property
+    def adds_bos(self) -> bool:
+        """Whether tokenizing a text starts it with BOS (the GGUF's tokenizer.ggml.add_bos_token)."""
+        return bool(ll.llama_vocab_get_add_bos(self.vocab))
+
     def is_eog(self, token: int) -> bool:
         return ll.llama_vocab_is_eog(self.vocab, token)
 
@@ -233,16 +242,29 @@ class Model:
 
     @property
     def has_chat_template(self) -> bool:
-        return ll.llama_model_chat_template(self._ptr, None) is not None
+        return self.chat_template is not None
+
+    @property
+    def chat_template(self) -> str | None:
+        """The GGUF's chat template (Jinja), if it has one."""
+        template = ll.llama_model_chat_template(self._ptr, None)
+        return None if template is None else template.decode("utf-8", "replace")
 
     @cached_property
     def _chat(self) -> _ChatTemplate:
-        template = ll.llama_model_chat_template(self._ptr, None)
+        return self._chat_formatter(add_generation_prompt=True)
+
+    @cached_property
+    def _chat_continued(self) -> _ChatTemplate:
+        return self._chat_formatter(add_generation_prompt=False)
+
+    def _chat_formatter(self, add_generation_prompt: bool) -> _ChatTemplate:
+        template = self.chat_template
         if template is None:
             raise ModelError(f"{self.path.name} has no chat template; use a raw prompt instead")
         bos, eos = (self.piece(t, special=True).decode("utf-8", "replace") for t in (ll.llama_vocab_bos(self.vocab), ll.llama_vocab_eos(self.vocab)))
         try:
-            return _ChatTemplate(template.decode("utf-8", "replace"), eos_token=eos, bos_token=bos)
+            return _ChatTemplate(template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
         except jinja2.TemplateError as e:
             raise ModelError(f"the chat template of {self.path.name} is not valid Jinja: {e}") from None
 
@@ -252,13 +274,18 @@ class Model:
         prompt where it has one, which llama.cpp's built-in renderings leave out (SmolLM2's "You
         are a helpful AI assistant named SmolLM..."). A BOS the template writes is left to
         ``tokenize``, which adds it where the model wants one."""
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        return self.chat_text(([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}])
+
+    def chat_text(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """``messages`` (role and content each) through the chat template, as :meth:`chat_prompt`;
+        without ``add_generation_prompt``, the last message is left open for the model to go on."""
+        chat = self._chat if add_generation_prompt else self._chat_continued
         try:
-            text = self._chat(messages=messages).prompt
+            text = chat(messages=messages).prompt
         except jinja2.TemplateError as e:
             raise ModelError(f"cannot render the chat template of {self.path.name}: {e}") from None
-        bos = self._chat.bos_token
-        return text[len(bos) :] if bos and text.startswith(bos) and ll.llama_vocab_get_add_bos(self.vocab) else text
+        bos = chat.bos_token
+        return text[len(bos) :] if bos and text.startswith(bos) and self.adds_bos else text
 
 
 def versions() -> dict[str, str]:

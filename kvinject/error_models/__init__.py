@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from ..engine.perturbation import CacheResident, ErrorModel, Multiplicative, NoError
 from ..engine.variates import Draws
-from ..plugins import load_plugins
+from ..plugins import import_modules, load_plugins
+from . import none  # noqa: F401  (the control registers first: listings and messages name it before the models)
 from .registry import REGISTRY, parse_error, register
 
-load_plugins(__path__, __name__, "kvinject.error_models", register)
+import_modules(__path__, __name__)
+load_plugins("kvinject.error_models", register)
 
 __all__ = ["REGISTRY", "CacheResident", "Draws", "ErrorModel", "Multiplicative", "NoError", "parse_error", "register"]

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 import numpy as np
 
 from ..data import bench_data
-from ..engine.context import Context
 from ..engine.perturbation import ErrorModel
 from ..engine.target import Target
 from ..engine.variates import Draws
@@ -283,6 +282,8 @@ def calibration_tokens(model: Model, n: int) -> list[int]:
 def _calibration_rows(model: Model, cache: CacheOptions, pre_rope: bool, n: int, v: bool) -> dict[str, list[np.ndarray]]:
     """Every layer's K rows (tokens, channels) over the calibration tokens, unquantized, and
     with ``v`` its V rows: per component, a list over layers (V's empty without ``v``)."""
+    from ..engine.context import Context  # here: parsing specs need not load llama.cpp
+
     capture = _Capture(pre_rope)
     components = "kv" if v else "k"
     with Context(model, cache, capture, Target(components), n_ctx=n) as ctx:

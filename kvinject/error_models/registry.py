@@ -14,6 +14,11 @@ REGISTRY: dict[str, type[ErrorModel]] = {}
 
 
 def register(cls: type[ErrorModel]) -> type[ErrorModel]:
+    """Register ``cls`` under its name; a name already taken is refused (a plug-in must not
+    replace a model whose results stores already hold under that name)."""
+    taken = REGISTRY.get(cls.name)
+    if taken is not None and taken is not cls:
+        raise SpecError(f"the error model name '{cls.name}' is taken by {taken.__module__}.{taken.__qualname__}")
     REGISTRY[cls.name] = cls
     return cls
 

@@ -1,0 +1,38 @@
+"""`kvinject lm-eval`: lm-evaluation-harness's own command line, with the ``kvinject`` model."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from ..exceptions import KvinjectError
+
+PREFACE = """kvinject lm-eval ARGS: lm-evaluation-harness's command line, with --model kvinject.
+
+  kvinject lm-eval --model kvinject --model_args model=smollm2 'error="normal:0,0.25"' --tasks gsm8k --limit 50
+
+--model_args (key=value; quote a value that holds a comma): model (a bundled name, a GGUF file
+or hf:OWNER/REPO/FILE.gguf), error (ERROR[@K[/V]], as kvinject run --error), target, layers,
+positions, heads, cache_type_k, cache_type_v, flash_attn, kv_rotation, seed, run, threads,
+parallel, n_gpu_layers, max_length. The error that reached the cache is printed at the end.
+lm-eval's own options follow.
+"""
+
+
+def lm_eval(ctx: typer.Context) -> None:
+    """lm-evaluation-harness with --model kvinject: any lm-eval task under K/V error (its options unchanged; see --help)."""
+    try:
+        from lm_eval.__main__ import cli_evaluate
+    except ImportError:
+        raise KvinjectError("kvinject lm-eval needs lm-evaluation-harness: pip install 'kvinject[lm-eval]'") from None
+    from ..lmeval.model import KvinjectLM  # registers --model kvinject
+
+    args = list(ctx.args) or ["run", "--help"]
+    if "-h" in args or "--help" in args:
+        print(PREFACE)
+    sys.argv = ["lm-eval", *args]
+    cli_evaluate()
+    for lm in KvinjectLM.instances:
+        Console(stderr=True).print(f"kvinject: {lm.configuration.label}: {lm.realized_line()}", markup=False, highlight=False, soft_wrap=True)

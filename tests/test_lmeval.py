@@ -1,0 +1,184 @@
+"""kvinject as an lm-evaluation-harness model: each request type against a direct computation on
+the tiny model, lm-eval's own command line end to end on tasks written at test time over local
+files, and one-line errors for bad --model_args before any model loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from kvinject.engine.cache_free import one_pass
+from kvinject.engine.context import Context
+from kvinject.exceptions import SpecError
+
+from .cli_runs import kvinject
+
+pytest.importorskip("lm_eval")
+
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
+
+from kvinject.lmeval.model import KvinjectLM  # noqa: E402
+
+
+def request(*args):
+    return SimpleNamespace(args=args)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_path):
+    return KvinjectLM(model=str(tiny_path), parallel=4, max_length=64)
+
+
+def direct(model, context, continuation):
+    """The continuation's log-probability and greedy match from one cache-free pass on a fresh
+    context of one sequence: nothing batched, nothing shared."""
+    with Context(model, n_ctx=128) as ctx:
+        rows = one_pass(ctx, context, continuation[:-1]).astype(np.float64)
+    lse = np.log(np.exp(rows - rows.max(1, keepdims=True)).sum(1)) + rows.max(1)
+    return float((rows[np.arange(len(continuation)), continuation] - lse).sum()), bool((rows.argmax(1) == continuation).all())
+
+
+def test_loglikelihood_is_the_sum_of_the_continuation_token_log_probabilities(lm):
+    # Shared contexts (several choices), single-token continuations and more requests than sequences.
+    pairs = [("The cat sat on", c) for c in (" the mat", " a", " the roof of the house")] + [("One two", " three four"), ("x", " y")] * 2
+    got = lm.loglikelihood([request(*p) for p in pairs], disable_tqdm=True)
+    for (context, continuation), (logprob, greedy) in zip(pairs, got):
+        want = direct(lm.model, *lm._encode_pair(context, continuation))
+        # Batched rows and shared cells run other kernels' summation orders than one pass alone.
+        assert logprob == pytest.approx(want[0], rel=1e-4, abs=1e-4)
+        assert greedy == want[1]
+
+
+def test_is_greedy_is_true_for_the_greedy_continuation_only(lm):
+    context = lm.tok_encode("Once upon a time")
+    with Context(lm.model, n_ctx=128) as ctx:
+        first = int(np.argmax(one_pass(ctx, context, [])[0]))
+    text = lm.model.detokenize([first])
+    assert lm.loglikelihood([request("Once upon a time", text)], disable_tqdm=True)[0][1] is (lm._encode_pair("Once upon a time", text)[1] == [first])
+    other = lm.model.detokenize([(first + 1) % lm.model.n_vocab])
+    assert lm.loglikelihood([request("Once upon a time", other)], disable_tqdm=True)[0][1] is False
+
+
+def test_rolling_loglikelihood_scores_every_token_once_in_lm_evals_windows(lm):
+    text = "one two three four five six seven eight nine ten " * 15
+    tokens = lm.tok_encode(text, add_special_tokens=False)
+    assert len(tokens) > 2 * lm.max_length  # several windows
+    windows = [make_disjoint_window(w) for w in get_rolling_token_windows(tokens, lm.prefix_token_id, lm.max_length, 1)]
+    assert sum(len(k) for _, k in windows) == len(tokens)
+    want = sum(direct(lm.model, c, k)[0] for c, k in windows)
+    assert lm.loglikelihood_rolling([request(text)], disable_tqdm=True)[0] == pytest.approx(want, rel=1e-4)
+
+
+def test_generation_stops_at_until_and_max_gen_toks(lm):
+    free = lm.generate_until([request("The", {"max_gen_toks": 12})], disable_tqdm=True)[0]
+    tokens = lm.tok_encode(free, add_special_tokens=False)
+    assert 0 < len(tokens) <= 12
+    assert len(lm.tok_encode(lm.generate_until([request("The", {"max_gen_toks": 3})], disable_tqdm=True)[0], add_special_tokens=False)) <= 3
+    stop = free.strip()[len(free.strip()) // 2 :][:2]  # a piece of the greedy text: generation ends before it
+    cut = lm.generate_until([request("The", {"max_gen_toks": 12, "until": [stop]})], disable_tqdm=True)[0]
+    assert stop not in cut and free.startswith(cut) and len(cut) < len(free)
+
+
+def test_an_unsupported_generation_option_is_refused(lm):
+    with pytest.raises(SpecError, match="'top_p' is not supported"):
+        lm.generate_until([request("The", {"top_p": 0.9})], disable_tqdm=True)
+
+
+def test_the_error_reaches_the_cache_and_moves_the_scores(tiny_path, lm):
+    noisy = KvinjectLM(model=str(tiny_path), parallel=4, max_length=64, error="normal:0,0.5", seed=3)
+    pairs = [request("The cat sat on", " the mat"), request("One two", " three four")]
+    clean, moved = lm.loglikelihood(pairs, disable_tqdm=True), noisy.loglikelihood(pairs, disable_tqdm=True)
+    assert all(a[0] != b[0] for a, b in zip(clean, moved))
+    assert noisy.realized.k.values > 0 and noisy.realized.k.rel_err_std == pytest.approx(0.5, rel=0.2)
+    again = KvinjectLM(model=str(tiny_path), parallel=1, max_length=64, error="normal:0,0.5", seed=3)
+    # A request's noise is seeded by its tokens: the same whatever shares its decodes.
+    assert [r[0] for r in again.loglikelihood(pairs[::-1], disable_tqdm=True)][::-1] == pytest.approx([r[0] for r in moved], rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"modle": "x"}, "kvinject takes no 'modle'"),
+        ({"error": "nrmal:0,1"}, "unknown error model 'nrmal'"),
+        ({"error": "none@q9"}, "after @ give the cache types"),
+        ({"layers": "3-1"}, "--layers"),
+        ({"seed": "x"}, "seed must be an integer"),
+    ],
+)
+def test_bad_model_args_fail_in_one_line_before_a_model_loads(args, message):
+    with pytest.raises(SpecError, match=message):
+        KvinjectLM(model="/nonexistent.gguf", **args)  # a model that would fail to load: the args fail first
+
+
+CHOICE = """task: kvinject_tiny_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+"""
+
+GENERATE = """task: kvinject_tiny_generate
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 6
+  do_sample: false
+metric_list:
+  - metric: exact_match
+"""
+
+
+def test_lm_eval_runs_tasks_end_to_end_through_kvinject_lm_eval(tmp_path, tiny_path):
+    rows = [{"question": f"{a} plus {b} is", "choices": [f" {a + b}", f" {a + b + 1}", " seven"], "answer": 0} for a, b in ((1, 2), (3, 4), (5, 1))]
+    data = tmp_path / "items.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "choice.yaml").write_text(CHOICE.format(data=data))
+    (tasks / "generate.yaml").write_text(GENERATE.format(data=data))
+    out = kvinject(
+        "lm-eval", "--model", "kvinject", "--model_args", f"model={tiny_path}", "error='normal:0,0.25'", "parallel=2", "max_length=128",
+        "--tasks", "kvinject_tiny_choice,kvinject_tiny_generate", "--include_path", tasks, "--output_path", tmp_path / "out", "--log_samples",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    (results,) = (tmp_path / "out").rglob("results_*.json")
+    got = json.loads(results.read_text())["results"]
+    assert 0 <= got["kvinject_tiny_choice"]["acc,none"] <= 1 and 0 <= got["kvinject_tiny_generate"]["exact_match,none"] <= 1
+    samples = [json.loads(line) for f in (tmp_path / "out").rglob("samples_kvinject_tiny_choice_*.jsonl") for line in f.read_text().splitlines()]
+    assert len(samples) == 3 and all(len(s["resps"]) == 3 for s in samples)  # three choices scored per item
+    assert "kvinject: normal:0,0.25: K " in out.stderr and "relative error" in out.stderr
+
+
+def test_kvinject_lm_eval_help_names_the_model_args():
+    out = kvinject("lm-eval", "--help")
+    assert out.returncode == 0
+    assert "--model_args (key=value" in out.stdout and "--tasks" in out.stdout
+
+
+def test_without_the_extra_kvinject_lm_eval_says_how_to_install_it(tmp_path):
+    (tmp_path / "lm_eval").mkdir()
+    (tmp_path / "lm_eval" / "__init__.py").write_text("raise ImportError('not installed')\n")  # lm-eval as absent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = subprocess.run([sys.executable, "-m", "kvinject", "lm-eval", "--tasks", "x"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: kvinject lm-eval needs lm-evaluation-harness: pip install 'kvinject[lm-eval]'"

@@ -7,6 +7,7 @@ import json
 import math
 import re
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,8 @@ from kvinject.experiments.runner import run
 
 from .test_cli import kvinject
 
+LMEVAL = Path(__file__).resolve().parent / "fixtures" / "lmeval"
+
 # Options that keep each benchmark's run small on the tiny model; a benchmark not named here
 # runs one item with its defaults.
 FAST = {
@@ -28,6 +31,7 @@ FAST = {
     "passkey": {"lengths": (256,)},
     "niah": {"lengths": (256,), "max_tokens": 8},
     "vt": {"lengths": (1024,), "max_tokens": 8},  # its worked example alone is about 500 tokens
+    "lmeval": {"task": ("kvinject_tiny_choice",), "include_path": str(LMEVAL), "data": str(LMEVAL / "items.jsonl")},
 }
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -182,3 +183,49 @@ def test_without_the_extra_kvinject_lm_eval_says_how_to_install_it(tmp_path):
     out = subprocess.run([sys.executable, "-m", "kvinject", "lm-eval", "--tasks", "x"], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip() == "error: kvinject lm-eval needs lm-evaluation-harness: pip install 'kvinject[lm-eval]'"
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "lmeval"
+
+
+def test_both_directions_score_each_document_alike(tmp_path, tiny_path):
+    """lm-eval driving kvinject (`kvinject lm-eval`) and kvinject driving lm-eval (the lmeval bench)
+    give each document the same score under the same configuration and seed: one definition of
+    the task, and each request's noise seeded by its tokens in both."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "choice.yaml").write_text((FIXTURES / "choice.yaml").read_text().replace("test: items.jsonl", f"test: {FIXTURES / 'items.jsonl'}"))
+    harness = kvinject(
+        "lm-eval", "--model", "kvinject", "--model_args", f"model={tiny_path}", "error='normal:0,0.5'", "seed=4",
+        "--tasks", "kvinject_tiny_choice", "--include_path", tasks, "--output_path", tmp_path / "out", "--log_samples",
+    )  # fmt: skip
+    assert harness.returncode == 0, harness.stderr[-3000:]
+    (samples,) = (tmp_path / "out").rglob("samples_kvinject_tiny_choice_*.jsonl")
+    by_harness = [s["acc"] for s in sorted(map(json.loads, samples.read_text().splitlines()), key=lambda s: s["doc_id"])]
+    bench = kvinject(
+        "run", "--model", tiny_path, "--bench", "lmeval", "--task", "kvinject_tiny_choice", "--include-path", FIXTURES,
+        "--data", FIXTURES / "items.jsonl", "--error", "normal:0,0.5", "--seed", "4", "--runs", "1", "--format", "json",
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    records = {r["label"]: r for r in json.loads(bench.stdout)["records"]}
+    assert records["normal:0,0.5"]["items"]["score"] == by_harness
+    assert records["normal:0,0.5"]["metrics"]["kvinject_tiny_choice/acc,none"] == pytest.approx(sum(by_harness) / len(by_harness))
+    assert records["normal:0,0.5"]["realized"]["k"]["values"] > 0 and records["none"]["realized"]["k"]["values"] == 0
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({}, "name the tasks with --task"),
+        ({"task": ("no_such_task_here",)}, "lm-eval has no task 'no_such_task_here'"),
+        ({"task": ("kvinject_tiny_choice", "kvinject_tiny_choice"), "data": "x.jsonl"}, "replaces the dataset of one task"),
+        ({"task": ("kvinject_tiny_choice",), "data": "/nonexistent.jsonl"}, "no such file"),
+        ({"task": ("kvinject_tiny_choice",), "shots_data": "x.jsonl"}, "--shots-data goes with --data"),
+    ],
+)
+def test_the_lmeval_bench_refuses_what_it_cannot_run_in_one_line(options, message):
+    from kvinject.benchmarks import make_bench
+    from kvinject.exceptions import DataError
+
+    with pytest.raises(DataError, match=message):
+        make_bench("lmeval", {"include_path": str(FIXTURES), **options})

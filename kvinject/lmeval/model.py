@@ -27,6 +27,7 @@ from ..engine.context import Context
 from ..engine.likelihood import score_continuations
 from ..engine.model import Model
 from ..engine.realized import Realized
+from ..error_models.configuration import Configuration
 from ..exceptions import DataError, SpecError
 from .settings import Settings
 
@@ -51,12 +52,28 @@ class KvinjectLM(TemplateLM):
     def __init__(self, **model_args: object):
         super().__init__()
         self.settings = Settings.parse(model_args)
-        self.configuration = self.settings.configuration
-        self.model = Model(self.settings.model, self.settings.backend)
-        m = self.model
-        self.configuration.check(m.n_layer, m.n_head_kv, m.head_dim_k, m.head_dim_v)
-        self._ctx: Context | None = None
+        self._bind(Model(self.settings.model, self.settings.backend), self.settings.configuration)
         KvinjectLM.instances.append(self)
+
+    @classmethod
+    def on(cls, model: Model, configuration: Configuration, seed: int = 0, run: int = 0, max_length: int = 2048) -> KvinjectLM:
+        """The model for a loaded ``model`` under ``configuration``: what kvinject's lmeval bench
+        evaluates each configuration and run with."""
+        lm = cls.__new__(cls)
+        TemplateLM.__init__(lm)
+        lm.settings = Settings(seed=seed, run=run, max_length=max_length)
+        lm._bind(model, configuration)
+        return lm
+
+    def _bind(self, model: Model, configuration: Configuration) -> None:
+        self.model, self.configuration = model, configuration
+        configuration.check(model.n_layer, model.n_head_kv, model.head_dim_k, model.head_dim_v)
+        self._ctx: Context | None = None
+
+    def close(self) -> None:
+        """Free the context (the model stays loaded)."""
+        if self._ctx is not None:
+            self._ctx.close()
 
     @property
     def context(self) -> Context:

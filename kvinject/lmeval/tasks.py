@@ -1,0 +1,115 @@
+"""lm-eval tasks as kvinject's lmeval bench runs them: by name from lm-eval's index (and an
+``--include-path`` of YAMLs), optionally over a local copy of their data, evaluated by lm-eval
+itself under one configuration, with each document's scores kept for kvinject's paired
+statistics. One definition of each task: lm-eval's."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lm_eval.evaluator import simple_evaluate
+from lm_eval.tasks import TaskManager
+from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's own reader of task YAMLs (includes, !function)
+
+from ..exceptions import DataError
+from .model import KvinjectLM
+
+# lm-eval's dataset builders by the suffix of a local file.
+BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+@dataclass
+class TaskSet:
+    """What `simple_evaluate` takes: task names or, over local data, whole task configs."""
+
+    names: tuple[str, ...]
+    specs: list[str | dict[str, Any]]
+    manager: TaskManager
+
+    def docs(self, limit: int | None) -> dict[str, int]:
+        """Documents evaluated per task (lm-eval's ``limit`` counts per task)."""
+        loaded = self.manager.load(self.specs)["tasks"]
+        return {name: len(task.eval_docs) if limit is None else min(limit, len(task.eval_docs)) for name, task in loaded.items()}
+
+
+def task_set(names: tuple[str, ...], include_path: str | None = None, data: str | None = None, shots_data: str | None = None) -> TaskSet:
+    """The tasks ``names``; with ``data``, one task over that file instead of its dataset, its
+    few-shot examples from ``shots_data`` (default: the same file; lm-eval never shows a
+    document as its own example)."""
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its INFO lines would interleave with the progress bars
+    manager = TaskManager(include_path=include_path)
+    unknown = [n for n in names if n not in manager.all_tasks]
+    if unknown:
+        raise DataError(f"lm-eval has no task '{unknown[0]}' (`lm-eval ls tasks` lists them; --include-path adds a folder of task YAMLs)")
+    if data is None:
+        if shots_data is not None:
+            raise DataError("--shots-data goes with --data: the examples of a task read from a local file")
+        return TaskSet(names, list(names), manager)
+    if len(names) != 1 or names[0] not in manager.all_subtasks:
+        raise DataError("--data replaces the dataset of one task: give one task, not several or a group")
+    config = load_yaml(manager.task_index[names[0]].yaml_path, resolve_func=True, recursive=True)
+    files = {}
+    for path in filter(None, (data, shots_data)):
+        if not Path(path).is_file():
+            raise DataError(f"--data {path}: no such file")
+        if Path(path).suffix not in BUILDERS:
+            raise DataError(f"--data {path}: give a {', '.join(BUILDERS)} file")
+    evaluated = config.get("test_split") or config.get("validation_split") or "test"
+    files[evaluated] = data
+    examples = config.get("fewshot_split") or config.get("training_split")
+    if examples:
+        files[examples] = shots_data or data
+    config.update(dataset_path=BUILDERS[Path(data).suffix], dataset_name=None, dataset_kwargs={"data_files": files})
+    if examples is None and shots_data is not None:
+        raise DataError(f"--shots-data: {names[0]} takes no few-shot examples from a split")
+    return TaskSet(names, [config], manager)
+
+
+@dataclass
+class Scores:
+    """One evaluation: lm-eval's aggregated metrics per task, and the headline metric of each
+    document (task by task, in document order) for the paired statistics."""
+
+    metrics: dict[str, float]
+    headline: dict[str, str]  # task -> its metric,filter the items hold
+    items: list[float]
+
+
+def evaluate(lm: KvinjectLM, tasks: TaskSet, limit: int | None, num_fewshot: int | None, chat: bool) -> Scores:
+    """lm-eval's evaluation of ``tasks`` with ``lm``: its prompts, few-shot examples, filters
+    and metrics. The headline metric of a task is the first of its metric list under its first
+    filter, as lm-eval's tables list them."""
+    shown = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(shown):  # lm-eval's progress bars, under kvinject's own
+            out = simple_evaluate(
+                model=lm,
+                tasks=tasks.specs,
+                task_manager=tasks.manager,
+                limit=limit,
+                num_fewshot=num_fewshot,
+                log_samples=True,
+                bootstrap_iters=0,  # kvinject's own intervals and tests come from the per-item values
+                apply_chat_template=chat,
+            )
+    except BaseException:
+        sys.stderr.write(shown.getvalue()[-4000:])  # what lm-eval said before it failed
+        raise
+    metrics, headline, items = {}, {}, []
+    for task, values in out["results"].items():
+        keys = [k for k in values if "," in k and "_stderr," not in k]
+        if not keys:
+            continue
+        headline[task] = keys[0]
+        for key in keys:
+            metrics[f"{task}/{key}"] = float(values[key])
+        metric, _, filter_name = keys[0].partition(",")
+        samples = sorted((s for s in out["samples"].get(task, []) if s.get("filter") == filter_name), key=lambda s: s["doc_id"])
+        items += [float(s[metric]) for s in samples]
+    return Scores(metrics, headline, items)

@@ -186,6 +186,7 @@ def test_without_the_extra_kvinject_lm_eval_says_how_to_install_it(tmp_path):
 
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "lmeval"
+WIKITEXT = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
 
 
 def test_both_directions_score_each_document_alike(tmp_path, tiny_path):
@@ -229,3 +230,24 @@ def test_the_lmeval_bench_refuses_what_it_cannot_run_in_one_line(options, messag
 
     with pytest.raises(DataError, match=message):
         make_bench("lmeval", {"include_path": str(FIXTURES), **options})
+
+
+def test_a_chunk_s_loglikelihood_equals_the_perplexity_bench_nll(tiny):
+    """The same tokens after the same context: a log-likelihood request of a chunk's second half
+    after its first half is the perplexity bench's NLL of that chunk (llama-perplexity's)."""
+    from kvinject.benchmarks import make_bench
+    from kvinject.engine.likelihood import score_continuations
+    from kvinject.error_models.configuration import Configuration
+    from kvinject.experiments.runner import run
+
+    bench = make_bench("perplexity", {"ctx": 64, "chunks": 3, **({"data": str(WIKITEXT)} if WIKITEXT.exists() else {})})
+    (result,) = run(tiny, [bench], [Configuration()], runs=1)
+    tokens = bench.tokens(tiny)
+    with Context(tiny, n_ctx=128) as ctx:
+        for c, nll in enumerate(result.items["mean_nll"]):
+            piece = tokens[c * 64 : (c + 1) * 64]
+            if tiny.adds_bos:
+                piece[0] = tiny.bos  # as llama-perplexity starts every chunk of a model that wants BOS
+            (scored,) = score_continuations(ctx, [(piece[:33], piece[33:])])
+            # One decode of the whole chunk there, a prefill and a continuation here: other kernels' sums.
+            assert -scored.logprob / 31 == pytest.approx(nll, rel=1e-4)

@@ -41,7 +41,7 @@ def test_errors_lists_every_registered_model():
         (["run", "--bench", "perplexity", "--chunks", "-1"], "chunks must be at least 1, got -1"),
         # --chat is a flag: the --limit after it is read as --limit, not as --chat's value
         (["run", "--bench", "gsm8k", "--chat", "--limit", "0"], "gsm8k: --limit must be at least 1, got 0"),
-        (["run", "--bench", "ifeval", "--no-chat"], "--chat applies to gsm8k, not to ifeval"),
+        (["run", "--bench", "ifeval", "--no-chat"], "--chat applies to gsm8k, lmeval, not to ifeval"),
         (
             ["run", "--bench", "ifeval", "--data", "nexttoken=x.txt"],
             "--data nexttoken=x.txt: nexttoken is not a selected bench (ifeval); add --bench nexttoken",

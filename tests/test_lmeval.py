@@ -251,3 +251,35 @@ def test_a_chunk_s_loglikelihood_equals_the_perplexity_bench_nll(tiny):
             (scored,) = score_continuations(ctx, [(piece[:33], piece[33:])])
             # One decode of the whole chunk there, a prefill and a continuation here: other kernels' sums.
             assert -scored.logprob / 31 == pytest.approx(nll, rel=1e-4)
+
+
+def test_kvinject_nextword_task_offers_the_true_next_word_among_distinct_choices():
+    from kvinject.benchmarks.lmeval import TASKS
+    from kvinject.benchmarks.nexttoken import make_snippets, normalize_word
+    from kvinject.data import read_text
+
+    import_path = str(TASKS)
+    sys.path.insert(0, import_path)
+    try:
+        from nextword import docs  # as lm-eval's !function loads it, from the task's folder
+    finally:
+        sys.path.remove(import_path)
+    rows = docs()["test"]
+    snippets = make_snippets(read_text(None, "encyclopedia"))
+    assert len(rows) == len(snippets)
+    for row, snippet in zip(rows, snippets):
+        assert row["prompt"] == snippet.prompt and row["choices"][row["answer"]] == f" {snippet.target}"
+        assert len({normalize_word(c) for c in row["choices"]}) == 4
+    assert {row["answer"] for row in rows} == {0, 1, 2, 3}
+    assert list(docs()["test"]) == list(rows)  # seeded
+
+
+def test_kvinject_nextword_runs_as_a_bench(tiny):
+    from kvinject.benchmarks import make_bench
+    from kvinject.error_models.configuration import Configuration
+    from kvinject.experiments.runner import run
+
+    bench = make_bench("lmeval", {"task": ("kvinject_nextword",), "limit": 3})
+    (result,) = run(tiny, [bench], [Configuration()], runs=1)
+    assert len(result.items["score"]) == 3 and set(result.items["score"]) <= {0.0, 1.0}
+    assert {"kvinject_nextword/acc,none", "kvinject_nextword/acc_norm,none"} <= set(result.metrics)

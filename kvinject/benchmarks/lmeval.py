@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from .options import Options, option
 
 # Rough prompt tokens of a document, for `sweep --dry-run`'s estimate only.
 DOC_TOKENS = 300
+# kvinject's own lm-eval tasks (kvinject_nextword), found beside lm-eval's.
+TASKS = Path(__file__).resolve().parent / "lmeval_tasks"
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class LMEval(Benchmark):
         except ImportError:
             raise DataError("the lmeval bench needs lm-evaluation-harness: pip install 'kvinject[lm-eval]'") from None
         o = self.options
-        self.tasks = task_set(o.task, o.include_path, o.data, o.shots_data)
+        self.tasks = task_set(o.task, [TASKS, *filter(None, [o.include_path])], o.data, o.shots_data)
         self.docs = self.tasks.docs(o.limit)
 
     def __len__(self) -> int:

@@ -7,6 +7,7 @@ import sys
 import typer
 from rich.console import Console
 
+from ..benchmarks.lmeval import TASKS
 from ..exceptions import KvinjectError
 
 PREFACE = """kvinject lm-eval ARGS: lm-evaluation-harness's command line, with --model kvinject.
@@ -17,6 +18,7 @@ PREFACE = """kvinject lm-eval ARGS: lm-evaluation-harness's command line, with -
 or hf:OWNER/REPO/FILE.gguf), error (ERROR[@K[/V]], as kvinject run --error), target, layers,
 positions, heads, cache_type_k, cache_type_v, flash_attn, kv_rotation, seed, run, threads,
 parallel, n_gpu_layers, max_length. The error that reached the cache is printed at the end.
+kvinject's own tasks (kvinject_nextword) are found unless --include_path names another folder.
 lm-eval's own options follow.
 """
 
@@ -32,6 +34,8 @@ def lm_eval(ctx: typer.Context) -> None:
     args = list(ctx.args) or ["run", "--help"]
     if "-h" in args or "--help" in args:
         print(PREFACE)
+    elif not any(a.startswith("--include_path") for a in args):
+        args += ["--include_path", str(TASKS)]  # kvinject's own tasks; lm-eval's CLI takes one folder
     sys.argv = ["lm-eval", *args]
     cli_evaluate()
     for lm in KvinjectLM.instances:

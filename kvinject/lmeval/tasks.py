@@ -38,8 +38,8 @@ class TaskSet:
         return {name: len(task.eval_docs) if limit is None else min(limit, len(task.eval_docs)) for name, task in loaded.items()}
 
 
-def task_set(names: tuple[str, ...], include_path: str | None = None, data: str | None = None, shots_data: str | None = None) -> TaskSet:
-    """The tasks ``names``; with ``data``, one task over that file instead of its dataset, its
+def task_set(names: tuple[str, ...], include_path: list[str | Path] | None = None, data: str | None = None, shots_data: str | None = None) -> TaskSet:
+    """The tasks ``names`` (lm-eval's and those of the ``include_path`` folders); with ``data``, one task over that file instead of its dataset, its
     few-shot examples from ``shots_data`` (default: the same file; lm-eval never shows a
     document as its own example)."""
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its INFO lines would interleave with the progress bars

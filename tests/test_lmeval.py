@@ -283,3 +283,11 @@ def test_kvinject_nextword_runs_as_a_bench(tiny):
     (result,) = run(tiny, [bench], [Configuration()], runs=1)
     assert len(result.items["score"]) == 3 and set(result.items["score"]) <= {0.0, 1.0}
     assert {"kvinject_nextword/acc,none", "kvinject_nextword/acc_norm,none"} <= set(result.metrics)
+
+
+def test_kvinject_lm_eval_defaults_to_the_kvinject_model_and_finds_kvinject_tasks(tiny_path, tmp_path):
+    out = kvinject("lm-eval", "--model_args", f"model={tiny_path}", "--tasks", "kvinject_nextword", "--limit", "2", "--output_path", tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (results,) = tmp_path.rglob("results_*.json")
+    saved = json.loads(results.read_text())
+    assert saved["config"]["model"] == "kvinject" and "kvinject_nextword" in saved["results"]

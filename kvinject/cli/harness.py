@@ -10,9 +10,12 @@ from rich.console import Console
 from ..benchmarks.lmeval import TASKS
 from ..exceptions import KvinjectError
 
-PREFACE = """kvinject lm-eval ARGS: lm-evaluation-harness's command line, with --model kvinject.
+# lm-eval's subcommands; without one, lm-eval runs `run`.
+SUBCOMMANDS = ("run", "ls", "validate")
 
-  kvinject lm-eval --model kvinject --model_args model=smollm2 'error="normal:0,0.25"' --tasks gsm8k --limit 50
+PREFACE = """kvinject lm-eval ARGS: lm-evaluation-harness's command line, with --model kvinject (the default here).
+
+  kvinject lm-eval --model_args model=smollm2 'error="normal:0,0.25"' --tasks gsm8k --limit 50
 
 --model_args (key=value; quote a value that holds a comma): model (a bundled name, a GGUF file
 or hf:OWNER/REPO/FILE.gguf), error (ERROR[@K[/V]], as kvinject run --error), target, layers,
@@ -34,8 +37,12 @@ def lm_eval(ctx: typer.Context) -> None:
     args = list(ctx.args) or ["run", "--help"]
     if "-h" in args or "--help" in args:
         print(PREFACE)
-    elif not any(a.startswith("--include_path") for a in args):
-        args += ["--include_path", str(TASKS)]  # kvinject's own tasks; lm-eval's CLI takes one folder
+    else:
+        command = args[0] if args[0] in SUBCOMMANDS else "run"
+        if command == "run" and not any(a == "--model" or a.startswith("--model=") for a in args):
+            args += ["--model", "kvinject"]  # here the default; lm-eval's own is hf
+        if not any(a.startswith("--include_path") for a in args):
+            args += ["--include_path", str(TASKS)]  # kvinject's own tasks; lm-eval's CLI takes one folder
     sys.argv = ["lm-eval", *args]
     cli_evaluate()
     for lm in KvinjectLM.instances:

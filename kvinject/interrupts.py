@@ -1,4 +1,4 @@
-"""Ctrl-C while llama.cpp is calling back into Python.
+"""Ctrl-C, and SIGTERM, while llama.cpp is calling back into Python.
 
 llama.cpp calls Python from C: its log callback, the hook's Python side. A KeyboardInterrupt
 raised there cannot cross into C: ctypes prints "Exception ignored on calling ctypes callback"
@@ -6,6 +6,10 @@ and drops the log callback's, and the hook could only report its own after the d
 user then pressed Ctrl-C again (a sweep's Ctrl-C test lost one this way, session 8). With
 `install()`, an interrupt that lands inside a callback is put off until the callback has
 returned, and surfaces in the Python code that called into llama.cpp.
+
+SIGTERM, what a scheduler (SLURM at a time limit) and `timeout` send, stops a command the same
+way, as :class:`Terminated`: what is finished is kept, and the command exits with 143 as a
+process the signal ended would, so that the scheduler records it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,16 @@ from types import CodeType, FrameType
 from typing import Callable, TypeVar
 
 F = TypeVar("F", bound=Callable)
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM, raised where a Ctrl-C would be; every handler of Ctrl-C handles it."""
+
+
+def exit_code(stop: KeyboardInterrupt) -> int:
+    """A stopped command's exit status: 128 + the signal's number, as the shell reports it."""
+    return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+
 
 _CALLBACKS: set[CodeType] = set()
 _RESEND_S = 0.05
@@ -37,7 +51,7 @@ def _in_callback(frame: FrameType | None) -> bool:
     return False
 
 
-def _on_sigint(signum: int, frame: FrameType | None) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
     global _resend
     if _in_callback(frame):
         # Sent again shortly from another thread (re-sent at once, it would land in this very
@@ -53,7 +67,7 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     if _resend is not None:  # this is the interrupt it would send: not a second one during the clean-up
         _resend.cancel()
         _resend = None
-    raise KeyboardInterrupt
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 def _send(signum: int) -> None:
@@ -64,6 +78,10 @@ def _send(signum: int) -> None:
 
 
 def install() -> None:
-    """Defer Ctrl-C out of callbacks; only over Python's default handler, in the main thread."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_sigint)
+    """Defer Ctrl-C and SIGTERM out of callbacks; only over Python's default handlers, in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_signal)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_signal)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import signal
 import subprocess
 import sys
@@ -119,3 +120,34 @@ def test_ctrl_c_while_the_cli_loads_ends_it_without_a_traceback():
     )
     out = subprocess.run([sys.executable, "-c", watcher], capture_output=True, text=True, timeout=120)
     assert out.returncode == 130 and out.stderr.strip() == "interrupted", out.stderr
+
+
+@pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")])
+def test_a_scheduler_s_sigterm_keeps_finished_runs_as_ctrl_c_does(tmp_path, tiny_path, signum, code, word):
+    """SLURM and `timeout` send SIGTERM at a time limit: the runs finished are written, and the
+    exit status is the signal's, as for Ctrl-C."""
+    output = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "kvinject", "run", "--model", tiny_path, "--bench", "nexttoken", "--limit", "40"]
+    argv += ["--error", "normal:0,0.5", "--runs", "50", "--output", output]
+    proc = subprocess.Popen(list(map(str, argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # not a terminal: a timed line per finished run
+        lines.append(line)
+        if " run 1: " in line:
+            break
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, "".join(lines) + err
+    assert f"{word}: " in err and "finished runs kept in" in err and "Traceback" not in err
+    saved = json.loads(output.read_text())
+    assert saved["meta"]["interrupted"] and len(saved["records"]) >= 3  # the control and two noisy runs at least
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_command_without_work_to_keep_ends_in_one_line_with_the_signal_s_status(tmp_path, tiny_path, signum, code):
+    argv = [sys.executable, "-m", "kvinject", "generate", "Once upon a time", "--model", tiny_path, "-n", "50000", "--ctx", "60000"]
+    proc = subprocess.Popen(list(map(str, argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)  # loaded and generating
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code and "Traceback" not in err and "Aborted" not in err, err

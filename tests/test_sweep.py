@@ -251,17 +251,18 @@ def test_two_workers_on_one_store_split_the_groups_and_compute_each_run_once(tmp
     assert count(store) == 9 and time.time() - started < 60
 
 
-def test_ctrl_c_releases_the_claim(tmp_path, tiny_path):
-    grid, store = write_grid(tmp_path, tiny_path, limit=200), tmp_path / "s.sqlite"  # still running at the Ctrl-C
+@pytest.mark.parametrize("signum, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped by SIGTERM")])
+def test_ctrl_c_or_a_scheduler_s_sigterm_releases_the_claim(tmp_path, tiny_path, signum, code, word):
+    grid, store = write_grid(tmp_path, tiny_path, limit=200), tmp_path / "s.sqlite"  # still running at the signal
     proc = sweep(grid, "--store", store)
     deadline = time.time() + 120
     while count(store) < 1:
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
         time.sleep(0.01)
     assert claims(store) == 1
-    proc.send_signal(signal.SIGINT)  # once: one landing in a llama.cpp callback is not lost
+    proc.send_signal(signum)  # once: one landing in a llama.cpp callback is not lost
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "interrupted" in err, err
+    assert proc.returncode == code and f"{word}: every finished run is in" in err, err
     assert claims(store) == 0 and 0 < count(store) < EXPECTED_RUNS
 
 

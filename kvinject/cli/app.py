@@ -13,6 +13,7 @@ from rich.text import Text
 from .. import __version__, interrupts
 from ..exceptions import KvinjectError
 from . import benchmarks, divergence, errors, generate, harness, info, profile, report, run, score, sweep
+from .render import stoppable
 
 app = typer.Typer(
     help=(
@@ -46,19 +47,19 @@ def version() -> None:
     print(__version__)
 
 
-app.command()(errors.errors)
-app.command()(benchmarks.benchmarks)
-app.command()(generate.generate)
-app.command(name="run")(run.run_command)
-app.command()(sweep.sweep)
-app.command(name="profile")(profile.profile)
-app.command(name="divergence")(divergence.divergence_command)
-app.command()(report.report)
-app.command()(score.score)
-app.command()(info.info)
+app.command()(stoppable(errors.errors))
+app.command()(stoppable(benchmarks.benchmarks))
+app.command()(stoppable(generate.generate))
+app.command(name="run")(stoppable(run.run_command))
+app.command()(stoppable(sweep.sweep))
+app.command(name="profile")(stoppable(profile.profile))
+app.command(name="divergence")(stoppable(divergence.divergence_command))
+app.command()(stoppable(report.report))
+app.command()(stoppable(score.score))
+app.command()(stoppable(info.info))
 # lm-eval's options pass through untouched, --help included.
-app.command(name="lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)(harness.lm_eval)
-app.command()(version)
+app.command(name="lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)(stoppable(harness.lm_eval))
+app.command()(stoppable(version))
 
 
 def main() -> None:

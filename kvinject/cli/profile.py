@@ -65,9 +65,8 @@ def profile(
     with Store(grid.path) as s:
         try:
             run_sweep(Sweep(grid, s))
-        except KeyboardInterrupt:
-            interrupted(grid.path, "the same command")
-            raise typer.Exit(130)
+        except KeyboardInterrupt as stop:
+            raise interrupted(stop, grid.path, "the same command") from None
     table = sensitivity(load_records([grid.path]), err, metric, by_head)
     name = Path(grid.cells[0].model).name
     where = "one KV head of one layer's K or V" if by_head else "one layer's K or V"

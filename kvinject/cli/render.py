@@ -3,13 +3,18 @@ their numbers whole, progress bars, and the message of an interrupted run."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import typer
 from rich.console import Console
+
+from ..interrupts import Terminated, exit_code
 
 # Piped or redirected output has no width to fit: give the tables room rather than cut
 # their cells short (COLUMNS still decides where it is set); they are made to fit 100.
@@ -48,16 +53,23 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def interrupted(store: Path, resume: str) -> None:
+def stopped(stop: KeyboardInterrupt) -> str:
+    """How a stop is named: a Ctrl-C interrupts, a scheduler's SIGTERM stops."""
+    return "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
+
+
+def interrupted(stop: KeyboardInterrupt, store: Path, resume: str) -> typer.Exit:
+    """Say what a stopped sweep kept and how to go on; the exit with the signal's status."""
     # Perplexity scores a batch of runs (up to 16) together, chunk by chunk: none of them is
     # finished until the last chunk, and an interrupt loses them all.
     Console(stderr=True).print(
-        f"interrupted: every finished run is in {store}; the runs under way were not finished "
+        f"{stopped(stop)}: every finished run is in {store}; the runs under way were not finished "
         f"(perplexity finishes a batch of runs together) and start again with: {resume}",
         style="yellow",
         markup=False,  # a path may hold [brackets]
         soft_wrap=True,
     )
+    return typer.Exit(exit_code(stop))
 
 
 def run_sweep(sw) -> int:
@@ -74,3 +86,18 @@ def run_sweep(sw) -> int:
             lambda message: progress.console.print(message, markup=False, highlight=False, soft_wrap=True),
             log,
         )
+
+
+def stoppable(command: Callable) -> Callable:
+    """``command``, ended by Ctrl-C or SIGTERM in one line and the signal's exit status (Click
+    would print "Aborted!" and exit 1). Commands that keep finished work catch the stop first."""
+
+    @functools.wraps(command)
+    def run(*args: object, **kwargs: object) -> object:
+        try:
+            return command(*args, **kwargs)
+        except KeyboardInterrupt as stop:
+            Console(stderr=True).print(stopped(stop), style="yellow", highlight=False)
+            raise typer.Exit(exit_code(stop)) from None
+
+    return run

@@ -13,10 +13,11 @@ from rich.console import Console
 from ..engine.target import Target
 from ..error_models.configuration import configurations
 from ..exceptions import KvinjectError
+from ..interrupts import exit_code
 from ..jsonutil import dumps
 from .flags import ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, WideOpt, bench_flags, check_format, setup_flags
 from .outputs import check_writable
-from .render import console, print_table, progress_bars
+from .render import console, print_table, progress_bars, stopped
 
 
 @bench_flags
@@ -76,8 +77,8 @@ def run_command(
                         score = result.metrics.get(primary, math.nan)
                         line = f"{time.strftime('%H:%M:%S')} {result.bench} {result.config.label} run {result.run}: {primary} {score:.4g}"
                         progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
-            except KeyboardInterrupt:
-                report.interrupted = True
+            except KeyboardInterrupt as e:
+                report.interrupted, stop = True, e
     data = report.to_dict()
     if output:
         output.write_text(dumps(data))
@@ -95,5 +96,5 @@ def run_command(
         if output:
             console.print(f"[dim]results written to {output}")
     if report.interrupted:
-        Console(stderr=True).print(f"[yellow]interrupted: {len(report.results)} finished runs kept{f' in {output}' if output else ''}")
-        raise typer.Exit(130)
+        Console(stderr=True).print(f"[yellow]{stopped(stop)}: {len(report.results)} finished runs kept{f' in {output}' if output else ''}")
+        raise typer.Exit(exit_code(stop))

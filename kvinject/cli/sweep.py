@@ -78,7 +78,6 @@ def sweep(
         resume = f"kvinject sweep {grid}" + (f" --shard {shard}" if shard else "") + (f" --store {store}" if store else "")
         try:
             written = run_sweep(sw)
-        except KeyboardInterrupt:
-            interrupted(store_path, resume)
-            raise typer.Exit(130)
+        except KeyboardInterrupt as stop:
+            raise interrupted(stop, store_path, resume) from None
     console.print(f"{written} runs written to {store_path}, nothing left to run; report with: kvinject report {store_path}", soft_wrap=True)

@@ -23,6 +23,8 @@ class Configuration:
         """``ERROR[@K[/V]]``: an error spec, optionally with the cache types of this configuration
         (``none@f32``: an f32 control; ``none@q8_0``: llama.cpp's q8_0 cache; ``none@f16/q8_0``)."""
         error, at, types = spec.rpartition("@") if "@" in spec else (spec, "", "")
+        if not error.strip():
+            raise SpecError(f"'{spec}': give an error model before the cache types (none@f16: the control with an f16 cache)")
         cache = cache or CacheOptions()
         if at:
             type_k, _, type_v = (t.strip() for t in types.partition("/"))

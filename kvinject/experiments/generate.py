@@ -45,6 +45,10 @@ def generate(
     temperature: float = 0.0,
 ) -> list[Completion]:
     """One completion per configuration, each in a fresh context seeded by ``seed``."""
+    if not prompt.strip():
+        raise DataError("the prompt is empty: give the text to complete")
+    if max_tokens < 1:
+        raise SpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     text = model.chat_prompt(prompt) if chat else prompt
     tokens = model.tokenize(text, add_special=True, parse_special=chat)
     if len(tokens) + max_tokens > n_ctx:

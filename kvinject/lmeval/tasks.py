@@ -39,9 +39,11 @@ class TaskSet:
 
 
 def task_set(names: tuple[str, ...], include_path: list[str | Path] | None = None, data: str | None = None, shots_data: str | None = None) -> TaskSet:
-    """The tasks ``names`` (lm-eval's and those of the ``include_path`` folders); with ``data``, one task over that file instead of its dataset, its
-    few-shot examples from ``shots_data`` (default: the same file; lm-eval never shows a
-    document as its own example)."""
+    """The tasks ``names`` (lm-eval's and those of the ``include_path`` folders); with ``data``,
+    one task over that file instead of its dataset, its few-shot examples from ``shots_data``
+    (default: the same file, as the task's few-shot split:
+    lm-eval leaves a document out of its own examples only where that split is the evaluated one
+    by name, so over one file gsm8k, whose are train and test, can show a question its own)."""
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its INFO lines would interleave with the progress bars
     manager = TaskManager(include_path=include_path)
     unknown = [n for n in names if n not in manager.all_tasks]

@@ -35,6 +35,7 @@ def exit_code(stop: KeyboardInterrupt) -> int:
 _CALLBACKS: set[CodeType] = set()
 _RESEND_S = 0.05
 _resend: threading.Timer | None = None
+_terminated = False  # a SIGTERM put off with a Ctrl-C: the stop raised is the SIGTERM
 
 
 def callback(fn: F) -> F:
@@ -52,7 +53,8 @@ def _in_callback(frame: FrameType | None) -> bool:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    global _resend
+    global _resend, _terminated
+    _terminated = _terminated or signum == signal.SIGTERM
     if _in_callback(frame):
         # Sent again shortly from another thread (re-sent at once, it would land in this very
         # handler): it comes back here while the callback still runs, and once C has returned
@@ -67,7 +69,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _resend is not None:  # this is the interrupt it would send: not a second one during the clean-up
         _resend.cancel()
         _resend = None
-    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    stop, _terminated = (Terminated if _terminated else KeyboardInterrupt), False
+    raise stop
 
 
 def _send(signum: int) -> None:

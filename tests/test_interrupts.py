@@ -143,11 +143,25 @@ def test_a_scheduler_s_sigterm_keeps_finished_runs_as_ctrl_c_does(tmp_path, tiny
     assert saved["meta"]["interrupted"] and len(saved["records"]) >= 3  # the control and two noisy runs at least
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_command_without_work_to_keep_ends_in_one_line_with_the_signal_s_status(tmp_path, tiny_path, signum, code):
-    argv = [sys.executable, "-m", "kvinject", "generate", "Once upon a time", "--model", tiny_path, "-n", "50000", "--ctx", "60000"]
-    proc = subprocess.Popen(list(map(str, argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(6)  # loaded and generating
+def _handles(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has its own handler for ``signum`` (Linux: SigCgt in /proc)."""
+    with open(f"/proc/{pid}/status") as status:
+        caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
+    return bool(caught >> (signum - 1) & 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")])
+def test_a_command_without_work_to_keep_ends_in_one_line_with_the_signal_s_status(tiny_path, signum, code, word):
+    pytest.importorskip("lm_eval")
+    argv = [sys.executable, "-m", "kvinject", "lm-eval", "--model_args", f"model={tiny_path}", "--tasks", "kvinject_nextword"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not _handles(proc.pid, signal.SIGTERM):  # kvinject's handlers are in: lm-eval indexes its tasks for seconds more
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(1)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == code and "Traceback" not in err and "Aborted" not in err, err
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == word and "Traceback" not in err and "Aborted" not in err, err

@@ -222,9 +222,12 @@ def test_both_directions_score_each_document_alike(tmp_path, tiny_path):
         ({"task": ("kvinject_tiny_choice", "kvinject_tiny_choice"), "data": "x.jsonl"}, "replaces the dataset of one task"),
         ({"task": ("kvinject_tiny_choice",), "data": "/nonexistent.jsonl"}, "no such file"),
         ({"task": ("kvinject_tiny_choice",), "shots_data": "x.jsonl"}, "--shots-data goes with --data"),
+        ({"task": ("kvinject_tiny_rolling",), "data": str(FIXTURES / "items.jsonl")}, "kvinject_tiny_rolling scores no document on its own"),
+        ({"task": ("kvinject_tiny_choice", "kvinject_tiny_generate")}, "score by different metrics"),
     ],
 )
-def test_the_lmeval_bench_refuses_what_it_cannot_run_in_one_line(options, message):
+def test_the_lmeval_bench_refuses_what_it_cannot_run_in_one_line(options, message, monkeypatch):
+    monkeypatch.chdir(FIXTURES)  # the YAMLs' own relative data files, for the tasks given no --data
     from kvinject.benchmarks import make_bench
     from kvinject.exceptions import DataError
 
@@ -291,3 +294,25 @@ def test_kvinject_lm_eval_defaults_to_the_kvinject_model_and_finds_kvinject_task
     (results,) = tmp_path.rglob("results_*.json")
     saved = json.loads(results.read_text())
     assert saved["config"]["model"] == "kvinject" and "kvinject_nextword" in saved["results"]
+
+
+def test_a_request_s_noise_is_the_same_whatever_shares_its_decodes(tiny_path):
+    """A context's noise comes from its tokens and each choice's from its own: six choices of one
+    context on two sequences or on eight, in another order, get the same error."""
+    choices = [" a", " b c", " d e f", " g", " h i", " j k l m"]
+    requests = [request("The cat sat on the", c) for c in choices]
+    scores = []
+    for parallel, order in ((2, choices), (8, choices[::-1])):
+        lm = KvinjectLM(model=str(tiny_path), parallel=parallel, max_length=64, error="normal:0,0.5", seed=2)
+        got = dict(zip(order, lm.loglikelihood([request("The cat sat on the", c) for c in order], disable_tqdm=True)))
+        scores.append([got[c][0] for c in choices])
+    clean = KvinjectLM(model=str(tiny_path), parallel=8, max_length=64).loglikelihood(requests, disable_tqdm=True)
+    assert scores[0] == pytest.approx(scores[1], rel=1e-4) and scores[0] != pytest.approx([c[0] for c in clean], rel=1e-4)
+
+
+def test_faults_are_placed_in_each_request_s_context(tiny_path):
+    """`faults:K` places K faults in an item's prompt: here each request's context, decoded for
+    it alone (a shared context would be one item's)."""
+    lm = KvinjectLM(model=str(tiny_path), parallel=4, max_length=64, error="faults:1,bit=14")
+    got = lm.loglikelihood([request("The cat sat on the", c) for c in (" mat", " roof of it", " sofa")], disable_tqdm=True)
+    assert len(got) == 3 and lm.realized.k.values + lm.realized.v.values > 0

@@ -37,7 +37,7 @@ class LMEvalOptions(Options):
 
 class LMEval(Benchmark):
     name = "lmeval"
-    summary = "Any lm-evaluation-harness task (--task), scored by lm-eval itself; score: each document's headline metric."
+    summary = "Any lm-evaluation-harness task (--task), scored by lm-eval itself; score: each document's headline metric (higher is better)."
     Options = LMEvalOptions
     options: LMEvalOptions
     primary = "score"
@@ -53,6 +53,7 @@ class LMEval(Benchmark):
         o = self.options
         self.tasks = task_set(o.task, [TASKS, *filter(None, [o.include_path])], o.data, o.shots_data)
         self.docs = self.tasks.docs(o.limit)
+        self.headlines = self.tasks.headlines()
 
     def __len__(self) -> int:
         return sum(self.docs.values())
@@ -70,6 +71,7 @@ class LMEval(Benchmark):
             "chat": o.chat,
             "max_length": o.max_length,
             "docs": self.docs,
+            "headlines": self.headlines,
         }
 
     def estimate_seconds(self, runs: int, speed: Speed) -> float:
@@ -84,7 +86,7 @@ class LMEval(Benchmark):
                 start = time.perf_counter()
                 lm = KvinjectLM.on(model, config, seed, run, self.options.max_length)
                 try:
-                    scores = evaluate(lm, self.tasks, self.options.limit, self.options.num_fewshot, self.options.chat)
+                    scores = evaluate(lm, self.tasks, self.headlines, self.options.limit, self.options.num_fewshot, self.options.chat)
                     realized, bits = lm.realized, lm.context.bits_per_element
                 finally:
                     lm.close()

@@ -157,6 +157,11 @@ class Context:
         self.forget(seq)
         self._seed(seq, [self.seed, self.run, item], tokens)
 
+    def reseed(self, item: int, seq: int) -> None:
+        """Seed sequence ``seq``'s noise and sampling from (seed, run, ``item``) from here on,
+        keeping its cells: a continuation after a context decoded for several."""
+        self._seed(seq, [self.seed, self.run, item])
+
     def mark(self, seq: int, spans: Spans) -> None:
         """Name spans of the tokens of sequence ``seq`` (prompt, generated, a benchmark's), by
         position, for ``--positions``; until the sequence is forgotten."""

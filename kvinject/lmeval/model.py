@@ -193,7 +193,9 @@ class KvinjectLM(TemplateLM):
             raise SpecError(f"generation option '{unknown[0]}' is not supported by kvinject (it takes {', '.join(sorted(GEN_KWARGS))})")
         until = kwargs.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
-        max_tokens = int(kwargs.get("max_gen_toks") or MAX_GEN_TOKS)
+        max_tokens = int(kwargs.get("max_gen_toks", MAX_GEN_TOKS))
+        if max_tokens < 1:
+            raise SpecError(f"max_gen_toks must be at least 1, got {max_tokens}")
         if max_tokens >= self.max_length:
             raise SpecError(f"max_gen_toks={max_tokens} leaves no room for a prompt within max_length={self.max_length}")
         temperature = kwargs.get("temperature")

@@ -55,7 +55,10 @@ class Settings:
         settings = cls(**given)
         if settings.max_length < 2:
             raise SpecError(f"--model_args: max_length must be at least 2 tokens, got {settings.max_length}")
-        _ = settings.configuration, settings.backend  # every spec checked here, before a model loads
+        configuration = settings.configuration  # every spec checked here, before a model loads
+        if configuration.target.positions is not None:  # lm-eval's requests declare no spans
+            configuration.target.positions.check("the kvinject lm-eval model", ())
+        _ = settings.backend
         return settings
 
     @property

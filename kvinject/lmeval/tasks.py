@@ -37,6 +37,26 @@ class TaskSet:
         loaded = self.manager.load(self.specs)["tasks"]
         return {name: len(task.eval_docs) if limit is None else min(limit, len(task.eval_docs)) for name, task in loaded.items()}
 
+    def headlines(self) -> dict[str, str]:
+        """Per task, the ``metric,filter`` whose per-document values kvinject pairs: the first
+        higher-is-better metric of the task's list, under its first filter. Refused in one line:
+        a task whose per-document values are no score (rolling log-likelihoods: perplexities),
+        and tasks of different headline metrics, which one mean would pool."""
+        out = {}
+        for name, task in self.manager.load(self.specs)["tasks"].items():
+            better = task.higher_is_better()
+            metric = next((m for m in task._metric_fn_list if better.get(m)), None)
+            if metric is None or task.config.output_type == "loglikelihood_rolling":
+                raise DataError(
+                    f"lmeval: {name} scores no document on its own ({', '.join(task._metric_fn_list)}): "
+                    "run it with `kvinject lm-eval`, or perplexity with --bench perplexity"
+                )
+            filters = [f["name"] for f in task.config.filter_list or []]
+            out[name] = f"{metric},{filters[0] if filters else 'none'}"
+        if len({h.partition(",")[0] for h in out.values()}) > 1:
+            raise DataError(f"lmeval: these tasks score by different metrics ({', '.join(f'{t} {h}' for t, h in out.items())}): give one per bench")
+        return out
+
 
 def task_set(names: tuple[str, ...], include_path: list[str | Path] | None = None, data: str | None = None, shots_data: str | None = None) -> TaskSet:
     """The tasks ``names`` (lm-eval's and those of the ``include_path`` folders); with ``data``,
@@ -83,10 +103,9 @@ class Scores:
     items: list[float]
 
 
-def evaluate(lm: KvinjectLM, tasks: TaskSet, limit: int | None, num_fewshot: int | None, chat: bool) -> Scores:
+def evaluate(lm: KvinjectLM, tasks: TaskSet, headlines: dict[str, str], limit: int | None, num_fewshot: int | None, chat: bool) -> Scores:
     """lm-eval's evaluation of ``tasks`` with ``lm``: its prompts, few-shot examples, filters
-    and metrics. The headline metric of a task is the first of its metric list under its first
-    filter, as lm-eval's tables list them."""
+    and metrics; each document's value of its task's headline metric (:meth:`TaskSet.headlines`)."""
     shown = io.StringIO()
     try:
         with contextlib.redirect_stderr(shown):  # lm-eval's progress bars, under kvinject's own
@@ -100,18 +119,15 @@ def evaluate(lm: KvinjectLM, tasks: TaskSet, limit: int | None, num_fewshot: int
                 bootstrap_iters=0,  # kvinject's own intervals and tests come from the per-item values
                 apply_chat_template=chat,
             )
-    except BaseException:
+    except Exception:
         sys.stderr.write(shown.getvalue()[-4000:])  # what lm-eval said before it failed
         raise
-    metrics, headline, items = {}, {}, []
+    metrics, items = {}, []
     for task, values in out["results"].items():
-        keys = [k for k in values if "," in k and "_stderr," not in k]
-        if not keys:
-            continue
-        headline[task] = keys[0]
-        for key in keys:
+        for key in (k for k in values if "," in k and "_stderr," not in k):
             metrics[f"{task}/{key}"] = float(values[key])
-        metric, _, filter_name = keys[0].partition(",")
+    for task, headline in headlines.items():
+        metric, _, filter_name = headline.partition(",")
         samples = sorted((s for s in out["samples"].get(task, []) if s.get("filter") == filter_name), key=lambda s: s["doc_id"])
         items += [float(s[metric]) for s in samples]
-    return Scores(metrics, headline, items)
+    return Scores(metrics, headlines, items)

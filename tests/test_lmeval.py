@@ -168,6 +168,9 @@ def test_lm_eval_runs_tasks_end_to_end_through_kvinject_lm_eval(tmp_path, tiny_p
     samples = [json.loads(line) for f in (tmp_path / "out").rglob("samples_kvinject_tiny_choice_*.jsonl") for line in f.read_text().splitlines()]
     assert len(samples) == 3 and all(len(s["resps"]) == 3 for s in samples)  # three choices scored per item
     assert "kvinject: normal:0,0.25: K " in out.stderr and "relative error" in out.stderr
+    (realized,) = json.loads((tmp_path / "out" / "kvinject.json").read_text())
+    assert realized["error"] == "normal:0,0.25" and realized["realized"]["k"]["values"] > 0
+    assert realized["realized"]["k"]["rel_err_std"] == pytest.approx(0.25, rel=0.2)
 
 
 def test_kvinject_lm_eval_help_names_the_model_args():

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
 
 from ..benchmarks.lmeval import TASKS
 from ..exceptions import KvinjectError
+from ..jsonutil import dumps
 
 # lm-eval's subcommands; without one, lm-eval runs `run`.
 SUBCOMMANDS = ("run", "ls", "validate")
@@ -20,7 +22,8 @@ PREFACE = """kvinject lm-eval ARGS: lm-evaluation-harness's command line, with -
 --model_args (key=value; quote a value that holds a comma): model (a bundled name, a GGUF file
 or hf:OWNER/REPO/FILE.gguf), error (ERROR[@K[/V]], as kvinject run --error), target, layers,
 positions, heads, cache_type_k, cache_type_v, flash_attn, kv_rotation, seed, run, threads,
-parallel, n_gpu_layers, max_length. The error that reached the cache is printed at the end.
+parallel, n_gpu_layers, max_length. The error that reached the cache is printed at the end,
+and with --output_path written beside lm-eval's results (kvinject.json).
 kvinject's own tasks (kvinject_nextword) are found unless --include_path names another folder.
 lm-eval's own options follow.
 """
@@ -47,3 +50,21 @@ def lm_eval(ctx: typer.Context) -> None:
     cli_evaluate()
     for lm in KvinjectLM.instances:
         Console(stderr=True).print(f"kvinject: {lm.configuration.label}: {lm.realized_line()}", markup=False, highlight=False, soft_wrap=True)
+    output = _value(args, "--output_path")
+    if output and KvinjectLM.instances:  # beside lm-eval's results: what reached the cache
+        path = Path(output)
+        target = path.with_suffix(".kvinject.json") if path.suffix == ".json" else path / "kvinject.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(
+            dumps([{"configuration": lm.configuration.label, **lm.configuration.to_dict(), "realized": lm.realized.summary()} for lm in KvinjectLM.instances])
+        )
+
+
+def _value(args: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in lm-eval's arguments (``--flag VALUE`` or ``--flag=VALUE``)."""
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None

@@ -90,8 +90,8 @@ class KvinjectLM(TemplateLM):
 
     def realized_line(self) -> str:
         """What reached the cache, in one line: values changed and their relative error, K and V."""
-        parts = []
-        for name, stats in (("K", self.realized.k), ("V", self.realized.v)):
+        parts, realized = [], self.realized  # summed over the hook's sites at each call: once
+        for name, stats in (("K", realized.k), ("V", realized.v)):
             if stats.values:
                 parts.append(f"{name} {stats.values} values, relative error {stats.rel_err_mean:.4g} ± {stats.rel_err_std:.4g}, SNR {stats.snr_db:.1f} dB")
         return "; ".join(parts) or "no value of K or V was changed"

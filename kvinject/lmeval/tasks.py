@@ -10,6 +10,7 @@ import io
 import logging
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,14 @@ class TaskSet:
     specs: list[str | dict[str, Any]]
     manager: TaskManager
 
+    @cached_property
+    def loaded(self) -> dict[str, Any]:
+        """lm-eval's task objects by name, their datasets read once."""
+        return self.manager.load(self.specs)["tasks"]
+
     def docs(self, limit: int | None) -> dict[str, int]:
         """Documents evaluated per task (lm-eval's ``limit`` counts per task)."""
-        loaded = self.manager.load(self.specs)["tasks"]
-        return {name: len(task.eval_docs) if limit is None else min(limit, len(task.eval_docs)) for name, task in loaded.items()}
+        return {name: len(task.eval_docs) if limit is None else min(limit, len(task.eval_docs)) for name, task in self.loaded.items()}
 
     def headlines(self) -> dict[str, str]:
         """Per task, the ``metric,filter`` whose per-document values kvinject pairs: the first
@@ -43,7 +48,7 @@ class TaskSet:
         a task whose per-document values are no score (rolling log-likelihoods: perplexities),
         and tasks of different headline metrics, which one mean would pool."""
         out = {}
-        for name, task in self.manager.load(self.specs)["tasks"].items():
+        for name, task in self.loaded.items():
             better = task.higher_is_better()
             metric = next((m for m in task._metric_fn_list if better.get(m)), None)
             if metric is None or task.config.output_type == "loglikelihood_rolling":

@@ -1,7 +1,7 @@
 """Generation throughput: kvinject's IFEval-style evaluation against llama-batched-bench at the
 same parallelism, and with injection.
 
-    python perf/generation_speed.py [--tools DIR] [--parallel 8] [--prompts 32] [--max-tokens 100]
+    python perf/generation_speed.py [--tools DIR] [--parallel 8] [--prompts 32] [--max-tokens 100] [--forms fixed ifeval]
 
 llama-batched-bench: --parallel sequences of a prompt as long as kvinject's mean prompt and
 --max-tokens generated tokens each, past end-of-generation tokens; its S t/s column (prompt
@@ -14,6 +14,7 @@ tokens/s over prompt and generated tokens:
   the two runs take turns decode by decode, each timed while it holds the turn.
 - ifeval: the benchmark as users run it (stops at end of generation, scoring included).
   Injection changes when responses end, so the work differs too: its ratio includes that.
+  (Leave it out with --forms fixed where the model's outputs mean nothing: random weights.)
 
 All in this one run, same model, threads and cache type, alternating --repeats times,
 medians reported; the injection overhead is the median of the ratios of the paired runs
@@ -109,6 +110,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--forms", nargs="+", choices=("fixed", "ifeval"), default=["fixed", "ifeval"])
     args = ap.parse_args()
     tool = find_tool("llama-batched-bench", args.tools)
     model = Model(args.model, BackendOptions(threads=args.threads, parallel=args.parallel))
@@ -116,15 +118,16 @@ def main() -> None:
     prompts = bench.prompt_tokens(model)
     mean_prompt = round(sum(map(len, prompts)) / len(prompts))
     fixed_generation(model, prompts[: args.parallel], "none", 8)  # warm up
-    speeds: dict[str, list[float]] = {"ref": []} | {f"{form} {spec}": [] for form in ("fixed", "ifeval") for spec in SPECS}
+    speeds: dict[str, list[float]] = {"ref": []} | {f"{form} {spec}": [] for form in args.forms for spec in SPECS}
     generated: dict[str, list[int]] = {spec: [] for spec in SPECS}
     for repeat in range(args.repeats):
         speeds["ref"].append(batched_bench(tool, model, mean_prompt, args))
-        for spec, speed in fixed_pair(model, prompts, args.max_tokens).items():
-            speeds[f"fixed {spec}"].append(speed)
+        if "fixed" in args.forms:
+            for spec, speed in fixed_pair(model, prompts, args.max_tokens).items():
+                speeds[f"fixed {spec}"].append(speed)
         # Every other repeat runs normal:0,0.25 first, so a steady drift of the machine's
         # speed does not favour the configuration that always runs second.
-        for spec in SPECS if repeat % 2 == 0 else SPECS[::-1]:
+        for spec in (SPECS if repeat % 2 == 0 else SPECS[::-1]) if "ifeval" in args.forms else ():
             speed, n = ifeval_generation(model, bench, spec)
             speeds[f"ifeval {spec}"].append(speed)
             generated[spec].append(n)
@@ -141,10 +144,11 @@ def main() -> None:
             print(f"{'kvinject ' + key:<40}{median[key]:>9.1f}  {spread([s / r for s, r in zip(speeds[key], speeds['ref'])])}")
     # Each repeat pairs none and normal:0,0.25 (taking turns, or back to back): their paired
     # ratios are steadier than a ratio of medians on a machine whose speed drifts.
-    for form in ("fixed", "ifeval"):
+    for form in args.forms:
         paired = [noisy / clean for noisy, clean in zip(speeds[f"{form} normal:0,0.25"], speeds[f"{form} none"])]
         print(f"injection overhead, {form} (normal:0,0.25 / none, paired runs): {spread(paired)}")
-    print("generated tokens in the ifeval runs: " + ", ".join(f"{spec} {statistics.median(n):.0f}" for spec, n in generated.items()))
+    if "ifeval" in args.forms:
+        print("generated tokens in the ifeval runs: " + ", ".join(f"{spec} {statistics.median(n):.0f}" for spec, n in generated.items()))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,13 @@
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
+
+# Where no GPU is, numba's CUDA simulator runs the device kernels on the CPU (tests/test_device.py);
+# it must be chosen before numba loads. perf/gpu.sh sets 0 on a GPU machine.
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 import pytest
 

@@ -81,6 +81,7 @@ def lib() -> ctypes.CDLL:
     _declare(base, "ggml_op_desc", ctypes.c_char_p, vp)
     _declare(base, "ggml_op_name", ctypes.c_char_p, ctypes.c_int)
     _declare(base, "ggml_backend_buffer_is_host", ctypes.c_bool, vp)
+    _declare(base, "ggml_backend_buffer_name", ctypes.c_char_p, vp)
     _declare(base, "ggml_backend_tensor_get", None, vp, vp, sz, sz)
     _declare(base, "ggml_backend_tensor_set", None, vp, vp, sz, sz)
     _declare(base, "ggml_backend_dev_name", ctypes.c_char_p, vp)

@@ -28,10 +28,11 @@ from llama_cpp import llama_cpp as ll
 
 from .. import interrupts
 from ..exceptions import InjectionError, ModelError
-from . import ggml
+from . import device, ggml
 from . import graph_callback as gc
 from .attention import AttentionSums
 from .cache_writes import CacheWrites, Writes
+from .device import DeviceChange
 from .graph_plan import GraphNode, Plan
 from .perturbation import CacheResident, ErrorModel
 from .realized import Realized, RealizedStats, Workspace
@@ -72,6 +73,8 @@ class KVHook:
         self._noise: _DecodeNoise | None = None
         self.plan = Plan({}, {}, {})
         self._host_rows: dict[tuple[int, int, int, int], np.ndarray] = {}
+        self._device: DeviceChange | None = None  # device memory changed where it is (kvinject/engine/device.py)
+        self._device_tried = self._device_laid_out = False
         self._staged = {"k": _Staging(), "v": _Staging()}
         self._work = Workspace()
         self._error: BaseException | None = None
@@ -228,19 +231,27 @@ class KVHook:
     def _apply(self, n: int) -> None:
         """The Python side of the changes at one claim the compiled callback does not make itself."""
         try:
-            for ptr, site, at in self._queue[:n].tolist():
-                if self._noise is not None:
-                    self._noise.at = at
-                self._perturb(ptr, "kv"[site & 1], site // 2)
+            try:
+                for ptr, site, at in self._queue[:n].tolist():
+                    if self._noise is not None:
+                        self._noise.at = at
+                    self._perturb(ptr, "kv"[site & 1], site // 2, at)
+            finally:
+                if self._device is not None:  # before llama.cpp reads what the kernels change
+                    self._device.wait()
         except BaseException as e:  # an exception must not cross into C; raised after the decode
             if self._error is None:
                 self._error = e
 
-    def _perturb(self, ptr: int, component: str, layer: int) -> None:
+    def _perturb(self, ptr: int, component: str, layer: int, at: int) -> None:
         t = ggml.tensor(ptr)
         x = self._host_rows.get((ptr, t.data, t.ne[2], t.ne[3]))
         if x is None:
             x = self._rows(ptr, t, component)
+        if not isinstance(x, np.ndarray) and (on_device := self._device_for(t, x[1])) is not None:
+            flips = self._noise.take(x[0] * x[1]) if on_device.flips else None
+            on_device.change(t.data, x[0], x[1], component, at, flips)
+            return
         # The model changes every value (each value's noise is read as without --positions or
         # --heads); the rows and heads they leave out get their values back.
         keep = self._kept(component)
@@ -251,7 +262,7 @@ class KVHook:
             if keep is not None:
                 x[keep] = before.reshape(x.shape)[keep]
             np.copyto(after, x.reshape(-1))
-        else:  # device memory: copy out and back
+        else:  # device memory the kernels cannot change: copy out and back
             before, after = self._staged[component].slots(x[0] * x[1])
             ggml.lib().ggml_backend_tensor_get(ptr, before.ctypes.data, 0, before.nbytes)
             np.copyto(after, before)
@@ -270,6 +281,26 @@ class KVHook:
         x = np.frombuffer((ctypes.c_float * n).from_address(t.data), dtype=np.float32).reshape(-1, row)
         self._host_rows[ptr, t.data, t.ne[2], t.ne[3]] = x
         return x
+
+    def _device_for(self, t: ggml.GgmlTensor, row: int) -> DeviceChange | None:
+        """The device path for rows of ``row`` in device memory (created at the first), or None
+        where they are copied: no law for it (kvinject/engine/laws.py), no CUDA here, or another device."""
+        if not self._device_tried:
+            self._device_tried = True
+            law = self.error.device_law
+            if law is not None and device.usable():
+                self._device = DeviceChange(law, self._columns)
+        if self._device is None or not self._device.span_fits(row) or not device.first_cuda_buffer(t.buffer):
+            return None
+        if not self._device_laid_out:
+            noise = self._noise
+            if noise is not None and all(isinstance(block, Block) for block, _ in noise.blocks):
+                runs = [(block.variates.key, block.start, rows) for block, rows in noise.blocks]
+            else:  # no factors: one run of every row
+                runs = [(0, 0, int(self._head[gc.ROWS]))]
+            self._device.layout(runs, self._mask)
+            self._device_laid_out = True
+        return self._device
 
     def _kept(self, component: str) -> np.ndarray | None:
         """The (rows, row) values of this decode's ``component`` that keep their values: the
@@ -297,10 +328,14 @@ class KVHook:
     @property
     def realized(self) -> Realized:
         """What the hook did to K and V so far."""
-        realized = Realized(*(RealizedStats.from_sums(sums) for sums in self._total_sums))
+        sums, outside = self._total_sums, self._total_outside
+        if self._device is not None:  # the kernels' sums, kept on the device
+            on_device, outside_on_device = self._device.totals(self._selective)
+            sums, outside = sums + on_device, outside + outside_on_device
+        realized = Realized(*(RealizedStats.from_sums(s) for s in sums))
         realized.merge(self._python_realized)
         if self._selective:
-            realized.outside = Realized(*(RealizedStats.from_sums(sums) for sums in self._total_outside))
+            realized.outside = Realized(*(RealizedStats.from_sums(s) for s in outside))
             realized.outside.merge(self._python_outside)
         return realized
 
@@ -325,6 +360,9 @@ class KVHook:
             self._decodes += 1
             self._total_sums += self._sums
             self._total_outside += self._outside_sums
+            if self._device_laid_out:
+                self._device.fold(keep=True)
+                self._device_laid_out = False
             for c in "kv":
                 staged = self._staged[c]
                 if staged.sites:
@@ -391,6 +429,9 @@ class KVHook:
         self._head[gc.RUN_SITE] = -1
         self._head[gc.ERROR] = 0
         self._noise = None
+        if self._device_laid_out:  # a failed decode's: dropped
+            self._device.fold(keep=False)
+            self._device_laid_out = False
         for staged in self._staged.values():
             staged.clear()
         if self.writes is not None:

@@ -99,6 +99,12 @@ class ErrorModel(ABC):
         :meth:`apply` runs in Python."""
         return None
 
+    @property
+    def device_law(self) -> tuple[float, ...] | None:
+        """What the device kernel computes on K/V in GPU memory (kvinject/engine/laws.py): ``law``, or a
+        kind only the device computes. None: the values are copied to the host and :meth:`apply` runs there."""
+        return self.law
+
     def stream(self, rng: np.random.Generator, horizon: int | None) -> Draws | None:
         """The random values of one item, drawn from ``rng``; ``horizon``: how many values the
         item's prompt writes to the targeted sites (None where unknown)."""

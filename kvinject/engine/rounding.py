@@ -39,8 +39,8 @@ def round_to(x, largest, nmant, minexp):
         r = largest
     else:
         _, e = math.frexp(a)  # a = m * 2^e, m in [0.5, 1): the leading bit is 2^(e - 1)
-        quantum = math.ldexp(1.0, max(e - 1, minexp) - nmant)
-        r = min(np.rint(a / quantum) * quantum, largest)  # exact in float64: a power-of-two scaling
+        quantum = math.ldexp(1.0, int(max(e - 1, minexp) - nmant))  # int(): numpy integers are not ints to Python (the CUDA simulator)
+        r = min(round(a / quantum) * quantum, largest)  # exact in float64: a power-of-two scaling
     return np.float32(r) if x > 0 else np.float32(-r)
 
 
@@ -71,7 +71,7 @@ def shared_scale(block, largest):
         a = abs(np.float64(v))
         if a > amax or a != a:  # a NaN stays the maximum
             amax = a
-    if not np.isfinite(amax):
+    if not math.isfinite(amax):
         return math.nan
     e = math.frexp(amax)[1]  # amax = m * 2^e, m in [0.5, 1); 0 for 0
     emax = math.frexp(largest)[1] - 1

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from ..engine import laws
 from ..engine.perturbation import ErrorModel
 from ..engine.variates import Draws
 from ..exceptions import InjectionError, SpecError
@@ -111,6 +112,11 @@ class _Flips(ErrorModel):
         # fp16 keeps the spec it had (and the store keys); another format is in the spec, so that
         # results from before bit flips followed the cache (fp16 bits in an f32 cache) keep theirs.
         return self if fmt == "f16" and self.format is None else replace(self, format=fmt)
+
+    @property
+    def device_law(self) -> tuple[float, ...]:
+        """The masks are drawn on the host, as for :meth:`apply`, and XORed on the device."""
+        return (laws.FLIP, {"f32": laws.F32, "f16": laws.F16, "bf16": laws.BF16}[self.format or "f16"])
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         bits = self._format.encode(x)

@@ -7,6 +7,7 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
+from ..engine import laws
 from ..engine.perturbation import ErrorModel
 from ..engine.variates import Draws
 from ..exceptions import SpecError
@@ -29,6 +30,13 @@ class Mantissa(ErrorModel):
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         return 1 + 8 + self.bits  # sign, fp32's exponent, the mantissa bits kept
 
+    @property
+    def _mask(self) -> int:
+        return (0xFFFFFFFF << (23 - self.bits)) & 0xFFFFFFFF
+
+    @property
+    def device_law(self) -> tuple[float, ...]:
+        return (laws.MASK, self._mask)
+
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
-        mask = np.uint32((0xFFFFFFFF << (23 - self.bits)) & 0xFFFFFFFF)
-        x.view(np.uint32)[...] &= mask
+        x.view(np.uint32)[...] &= np.uint32(self._mask)

@@ -7,6 +7,7 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
+from ..engine import laws
 from ..engine.perturbation import ErrorModel
 from ..engine.variates import Draws
 from ..exceptions import SpecError
@@ -36,6 +37,10 @@ class Quant(ErrorModel):
 
     def span(self, component: str, row: int) -> int:
         return self.group
+
+    @property
+    def device_law(self) -> tuple[float, ...]:
+        return (laws.QUANT, 2 ** (self.bits - 1) - 1, self.group)
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         g = row_groups(x, self.group, "'quant': group")

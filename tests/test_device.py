@@ -212,7 +212,7 @@ def test_offloaded_kv_changed_on_the_device_is_what_the_copy_gave(tiny, spec, mo
 
     assert tiny.n_gpu_layers != 0
     kernels, ctx_kernels = run(tiny, spec, F32)
-    assert ctx_kernels.hook._device is not None
+    assert ctx_kernels.hook._device is not None and ctx_kernels.hook._device.totals(False)[0][:, 1].all(), "K and V sites went through the kernels"
     monkeypatch.setattr(device, "usable", lambda: False)
     copied, ctx_copied = run(tiny, spec, F32)
     assert ctx_copied.hook._device is None

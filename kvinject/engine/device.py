@@ -26,6 +26,7 @@ from functools import cache
 import numpy as np
 
 from . import ggml, laws
+from .graph_callback import N_SUMS
 
 
 @cache
@@ -135,7 +136,7 @@ class DeviceChange:
         what changed and of what a selection left out."""
         acc = self._total.copy_to_host(stream=self._stream)
         self._stream.synchronize()
-        sums, outside = np.zeros((2, 10)), np.zeros((2, 10))
+        sums, outside = np.zeros((2, N_SUMS)), np.zeros((2, N_SUMS))
         sums[:, 0], sums[:, 1] = self._total_counts[:, 0], self._total_counts[:, 1]
         sums[:, 2:] = acc[:, :8]
         if selective:

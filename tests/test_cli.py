@@ -226,3 +226,35 @@ def test_divergence_offers_only_the_options_of_generation_benches():
     for name in others:
         assert not re.search(rf"--{name.replace('_', '-')}(?![\w-])", text), name
     assert all(re.search(rf"--{name.replace('_', '-')}(?![\w-])", text) for name in generation)
+
+
+def test_outputs_and_stores_that_are_the_wrong_kind_of_path_say_so(tiny_path, tmp_path):
+    (tmp_path / "afile").write_text("")
+    out = kvinject("run", "--bench", "nexttoken", "--limit", "1", "--model", tiny_path, "-o", tmp_path / "afile" / "x.json")
+    assert out.returncode != 0 and "afile is a file, not a folder" in out.stderr
+    grid = tmp_path / "g.toml"
+    grid.write_text("[bench.nexttoken]\nlimit = 1\n")
+    out = kvinject("sweep", grid, "--store", tmp_path)
+    assert out.returncode != 0 and "is a folder, not a results store" in out.stderr and "damaged" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("generate", "Hi", "--error", "none", "--positions", "0-3"),
+        ("generate", "Hi", "--error", "recompute", "--heads", "0"),
+        ("divergence", "--prompt", "Hi", "--error", "none@f16", "--reference", "none@f32", "--layers", "99"),
+    ],
+)
+def test_a_selection_with_no_error_to_place_is_refused(tiny_path, args):
+    """These were accepted and did nothing."""
+    out = kvinject(*args, "--model", tiny_path)
+    assert out.returncode != 0 and "puts none anywhere" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_generate_says_when_an_error_reached_no_value(tiny_path):
+    out = kvinject("generate", "Hi", "--error", "normal:0,1", "--positions", "100000-", "-n", "2", "--model", tiny_path, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert [r["changed_nothing"] for r in json.loads(out.stdout)["results"]] == [False, True]
+    table = kvinject("generate", "Hi", "--error", "normal:0,1", "--positions", "100000-", "-n", "2", "--model", tiny_path)
+    assert "changed no value that reached the cache" in table.stdout

@@ -126,3 +126,15 @@ def test_draws_are_independent_of_how_they_are_sliced() -> None:
     whole = a.take(200_000)
     parts = np.concatenate([b.take(n) for n in (5, 70_000, 1, 129_994)])
     assert np.array_equal(whole, parts)
+
+
+def test_specs_that_would_run_less_than_their_label_says_are_refused():
+    """faults:K was capped at the values a prompt writes, and evict:streaming,B,sinks=S at B - 1
+    sinks, with the label and store key keeping the number asked for."""
+    with pytest.raises(SpecError, match="at most 100"):
+        parse_error("faults:1000000000,bit=3").stream(np.random.default_rng(0), 100)
+    assert parse_error("faults:100,bit=3").stream(np.random.default_rng(0), 100).take(100).all()
+    with pytest.raises(SpecError, match="at most 3 sinks"):
+        parse_error("evict:streaming,4,sinks=8")
+    parse_error("evict:streaming,4,sinks=3")
+    parse_error("evict:streaming,0.25,sinks=8")  # a ratio's budget depends on the length: capped per sequence, as documented

@@ -212,7 +212,7 @@ def run_checked(model, spec: str, prompts=PROMPTS[:1], n_batch: int = 5, steps: 
     return checked
 
 
-POSITION_SPECS = ["evict:window,6", "evict:window,0.5", "evict:streaming,7,sinks=3", "evict:streaming,0.4,sinks=4", "evict:streaming,3,sinks=4"]
+POSITION_SPECS = ["evict:window,6", "evict:window,0.5", "evict:streaming,7,sinks=3", "evict:streaming,0.4,sinks=4", "evict:streaming,0.2,sinks=4"]
 ATTENTION_SPECS = [
     "evict:tova,6",
     "evict:tova,0.5",

@@ -15,6 +15,7 @@ from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import DataError
 from kvinject.experiments.runner import run
 
+from .cli_runs import kvinject
 from .conftest import SHARED
 
 GSM8K_TEST = SHARED / "data" / "gsm8k" / "test.jsonl"
@@ -206,3 +207,9 @@ def test_smollm_answers_in_the_shots_format_and_stops_at_the_next_question(smoll
     for text, tokens in zip(control.texts, control.outputs):
         assert extract_strict(text) != INVALID, text
         assert text.endswith("Question:") and len(tokens) < 128, text  # the stop, not the cap
+
+
+def test_a_prompt_past_the_models_training_context_is_refused_before_any_compute(tiny_path):
+    """300 worked examples (38K tokens) ran on a 4K model; 5000 grew to 5.6 GB before a timeout."""
+    out = kvinject("run", "--bench", "gsm8k", "--shots", "300", "--limit", "1", "--runs", "1", "--model", tiny_path)
+    assert out.returncode != 0 and "training context of 4096" in out.stderr and "Traceback" not in out.stderr

@@ -4,11 +4,12 @@ import pandas as pd
 import pytest
 
 from kvinject.benchmarks import make_bench
+from kvinject.engine.options import BackendOptions, CacheOptions
 from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
 from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import KvinjectError
-from kvinject.experiments.profile import sensitivity
+from kvinject.experiments.profile import profile_metric, sensitivity
 from kvinject.experiments.runner import run
 from kvinject.experiments.store import Store
 
@@ -45,7 +46,7 @@ def test_profile_refuses_no_error_and_an_unknown_metric(tmp_path, tiny_path):
     out = profile("--model", tiny_path, "--error", "none@q8_0", "--ctx", 64, "--chunks", 1, "--store", tmp_path / "s.sqlite")
     assert out.returncode != 0 and "puts no error anywhere" in out.stderr and "Traceback" not in out.stderr
     out = profile("--model", tiny_path, "--error", "normal:0,0.5", "--metric", "accuracy", "--store", tmp_path / "s.sqlite")
-    assert out.returncode != 0 and "--metric accuracy: perplexity measures ppl, mean_nll, kld" in out.stderr
+    assert out.returncode != 0 and "--metric accuracy: a profile of perplexity measures ppl, mean_nll, kld" in out.stderr
     assert not (tmp_path / "s.sqlite").exists(), "refused before anything ran"
 
 
@@ -77,3 +78,21 @@ def test_profile_takes_the_cache_types_of_its_error_spec(tmp_path, tiny_path):
     with Store(store, readonly=True) as s:
         caches = {(r["settings"]["cache"]["type_k"], r["settings"]["cache"]["type_v"]) for r in s.records()}
     assert caches == {("f32", "f32")}, "the control and every layer's cell in the spec's cache"
+
+
+def test_a_metric_no_profile_run_would_measure_is_refused_before_any_run():
+    """nexttoken lists the drift metrics, measured only against a cache-free control, which a
+    profile does not have: asked for, they failed after every run was made."""
+    with pytest.raises(KvinjectError, match="cache-free control"):
+        profile_metric("nexttoken", "kld")
+    assert profile_metric("nexttoken", "token_match") == "token_match"
+    assert profile_metric("perplexity", "kld") == "kld"  # perplexity's own KL divergence from the control
+
+
+def test_a_model_that_acts_on_every_layer_at_once_is_refused_as_the_profiles_limit():
+    """It asked to leave --target and --layers at defaults the user never set."""
+    from kvinject.experiments.profile import profile_grid
+
+    with pytest.raises(KvinjectError, match="no per-layer profile") as e:
+        profile_grid(None, make_bench("nexttoken", {"limit": 1}), set(), parse_error("evict:streaming,0.5"), CacheOptions(), BackendOptions())
+    assert "--target" not in str(e.value)

@@ -11,6 +11,8 @@ import pytest
 
 from kvinject.engine.realized import RealizedStats, Workspace
 
+from .cli_runs import kvinject
+
 
 def reference(b: np.ndarray, a: np.ndarray) -> dict[str, float]:
     b64, a64 = b.astype(np.float64), a.astype(np.float64)
@@ -86,3 +88,20 @@ def test_an_overflowing_relative_error_is_an_infinite_spread():
     stats.add(b, a)
     assert np.isfinite(a[0]) and stats.changed == 1
     assert stats.rel_err_mean == math.inf and stats.rel_err_std == math.inf
+
+
+def test_values_that_all_became_nan_or_inf_read_as_unbounded_error_not_as_none():
+    """normal:0,1e300 turns every value into NaN or Inf: the SNR had read +inf, as if nothing changed."""
+    stats = RealizedStats()
+    before = np.array([0.5, -1.0, 2.0], np.float32)
+    stats.add(before, np.array([np.inf, np.nan, -np.inf], np.float32))
+    assert stats.nonfinite == 3 and stats.snr_db == -math.inf
+    untouched = RealizedStats()
+    untouched.add(before, before.copy())
+    assert untouched.snr_db == math.inf
+
+
+def test_generate_says_when_its_completion_came_from_nan_logits(tiny_path):
+    out = kvinject("generate", "Hi there", "--model", tiny_path, "--error", "normal:0,1e300", "-n", "3")
+    assert out.returncode == 0, out.stderr
+    assert "reached the cache as NaN or Inf" in out.stdout and "-inf / -inf" in out.stdout

@@ -196,3 +196,12 @@ def test_latex_escapes_what_latex_reads_as_markup():
     header = next(line for line in latex.splitlines() if "control" in line)
     assert "\\% control" in header and "% control" not in header.replace("\\%", ""), "an unescaped % comments out the rest of the line"
     assert "prompt\\_level\\_strict\\_acc" in latex
+
+
+def test_a_filter_matches_the_stored_spelling_of_positions_and_error_specs():
+    """positions=first:4 matched nothing: records store it as 0-3."""
+    from kvinject.analysis.report import _canonical
+
+    assert _canonical("positions", "first:4") == "0-3"
+    assert _canonical("error", "normal:0,.25") == "normal:0,0.25"
+    assert _canonical("error", "none@q8_0") == "none@q8_0" and _canonical("seed", "3") == "3"

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..benchmarks.base import Benchmark, RunResult
 from ..benchmarks.options import Options
+from ..engine.perturbation import CacheResident
 from .stats import across_runs, bootstrap_ci, compare_to_control, paired_bootstrap, percent_of_control, proportion_ci
 
 
@@ -42,6 +43,21 @@ def _matrix(results: list[RunResult], metric: str) -> np.ndarray | None:
     return np.array(rows, dtype=np.float64) if rows and len(rows) == len(results) else None
 
 
+def changed_nothing(group: list[RunResult], control: list[RunResult]) -> bool:
+    """A configuration meant to change the cache that changed nothing of it in any run: it
+    measured nothing (a --positions selection past every prompt, a compressor whose budget the
+    prompts never reach). Native cache types and cache-free decoding change values elsewhere:
+    never flagged. A cache-resident model that accounts no values (eviction removes tokens; it
+    changes none) did something where its bits per element fall below the control's."""
+    error = group[0].config.error
+    if not error.injects:
+        return False
+    if isinstance(error, CacheResident) and all(r.realized.k.values + r.realized.v.values == 0 for r in group):
+        bits, ctl = [r.metrics.get("bits") for r in group], control[0].metrics.get("bits")
+        return ctl is not None and None not in bits and all(b >= ctl for b in bits)
+    return all(r.realized.k.changed + r.realized.v.changed == 0 for r in group)
+
+
 def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], options: Options | None = None) -> list[dict[str, object]]:
     """Per configuration and metric: across-run mean/std/t-CI, an interval across items,
     percent of control and a paired test against the control, with paired bootstrap CIs of
@@ -60,6 +76,7 @@ def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], opti
     out = []
     for label, group in groups.items():
         shown = group[0].config.label_beside(control[0].config)
+        nothing = changed_nothing(group, control)
         metrics = list(dict.fromkeys(k for r in group for k in (*r.metrics, *r.extra)))
         for metric in metrics:
             values = [r.metrics.get(metric, r.extra.get(metric, math.nan)) for r in group]
@@ -90,6 +107,7 @@ def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], opti
                 "diff_ci": None,
                 "percent_ci": None,
                 "nonfinite_items": sum(r.nonfinite_items for r in group),
+                "changed_nothing": nothing,
                 "test": None,
             }
             control_matrix = _matrix(control, item_metric)

@@ -14,6 +14,7 @@ from ..benchmarks import BENCHMARKS
 from ..benchmarks.base import Benchmark, RunResult
 from ..benchmarks.options import Options
 from ..engine.options import CacheOptions
+from ..engine.positions import Positions
 from ..engine.realized import Realized, RealizedStats
 from ..engine.target import Target
 from ..error_models import parse_error
@@ -21,6 +22,7 @@ from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
 from ..experiments.store import Store
 from .aggregate import aggregate
+from .tables import NOTHING_MARK, NOTHING_NOTE
 
 FORMATS = ("table", "markdown", "csv", "json", "latex")
 
@@ -65,7 +67,7 @@ def select(records: list[dict[str, Any]], filters: list[str]) -> list[dict[str, 
         key, eq, value = f.partition("=")
         if not eq or key not in keys:
             raise KvinjectError(f"--filter takes KEY=VALUE with KEY one of {', '.join(keys)}; got '{f}'")
-        pairs.append((key, value))
+        pairs.append((key, _canonical(key, value)))
     chosen = {id(r) for r, flat in zip(records, flats) if all(key in flat and str(flat[key]) == value for key, value in pairs)}
     if not chosen:
         taken = {}
@@ -75,6 +77,20 @@ def select(records: list[dict[str, Any]], filters: list[str]) -> list[dict[str, 
         raise KvinjectError(f"no records match {' '.join(filters)}: {hint}")
     compared = {_experiment(r) for r in records if id(r) in chosen}
     return [r for r in records if id(r) in chosen or (r["settings"].get("control") and _experiment(r) in compared)]
+
+
+def _canonical(key: str, value: str) -> str:
+    """A filter's value as records store it: positions and error specs in their canonical spelling
+    (positions=first:4 is stored 0-3, error=normal:0,.25 as normal:0,0.25); others as given."""
+    try:
+        if key == "positions":
+            positions = Positions.parse(value)
+            return positions.spec if positions is not None else value
+        if key == "error" and "@" not in value:  # records keep the cache types apart (cache_k, cache_v)
+            return parse_error(value).spec
+    except KvinjectError:
+        pass  # no match, and the message lists what the records hold
+    return value
 
 
 def _experiment(record: dict[str, Any]) -> str:
@@ -88,7 +104,8 @@ def _experiment(record: dict[str, Any]) -> str:
 def _result(record: dict[str, Any]) -> RunResult:
     s = record["settings"]
     config = Configuration(parse_error(s["error"]), Target.parse(s["target"], s["layers"], s.get("positions"), s.get("heads")), CacheOptions(**s["cache"]))
-    realized = Realized(*(RealizedStats() for _ in "kv"))
+    # What aggregate reads of it: how many values the error changed (changed_nothing).
+    realized = Realized(*(RealizedStats(values=r.get("values", 0), changed=r.get("changed", 0)) for r in (record["realized"].get(c, {}) for c in "kv")))
     metrics = record["metrics"]
     return RunResult(
         s["bench"],
@@ -184,6 +201,7 @@ def study_table(df: pd.DataFrame, metric: str | None = None, digits: int = 4) ->
         "p",
         "q",
         "nonfinite_items",
+        *(["changed_nothing"] if "changed_nothing" in out.columns else []),  # summarize's rows have it
     ]
     names = {"n": "runs", "mean": "score", "percent_of_control": "% control", "percent_ci": "% control CI"}
     return out[cols].rename(columns=names)
@@ -221,7 +239,7 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     score with its std, the NaN column only where an item had NaN/Inf; the interval across runs
     is left to --wide (the std gives the runs' spread)."""
     parts = []
-    table = table.assign(model=table["model"].map(_file_name))
+    table = mark_changed_nothing(table.assign(model=table["model"].map(_file_name)))
     files = ["model", "model_sha256"] if "model_sha256" in table.columns else ["model"]  # the hash where file names collide (varying)
     for (bench, metric, *_), part in table.groupby(["bench", "metric", *files], sort=False):
         settings = ["model", "model_sha256", "seed", "flash_attn", "kv_rotation", *(c for c in part.columns if c.startswith("option."))]
@@ -283,7 +301,24 @@ def _given(value: object) -> bool:
     return not (value is None or isinstance(value, float) and math.isnan(value))
 
 
+def mark_changed_nothing(table: pd.DataFrame) -> pd.DataFrame:
+    """The table for reading: configurations that changed nothing marked, the flag's column gone."""
+    if "changed_nothing" not in table.columns:
+        return table
+    flagged = table["changed_nothing"].fillna(False).astype(bool)
+    return table.assign(configuration=table["configuration"].where(~flagged, table["configuration"] + NOTHING_MARK)).drop(columns="changed_nothing")
+
+
+def flags_nothing(table: pd.DataFrame) -> bool:
+    return "changed_nothing" in table.columns and bool(table["changed_nothing"].fillna(False).any())
+
+
 def render(table: pd.DataFrame, fmt: str) -> str:
+    """The table in a file format: csv and json keep the flags as columns, markdown and latex
+    mark the configurations and add the note."""
+    if fmt in ("markdown", "latex") and flags_nothing(table):
+        return f"{render(mark_changed_nothing(table), fmt)}\n{NOTHING_NOTE}\n"
+    table = mark_changed_nothing(table) if fmt in ("markdown", "latex") else table
     if fmt == "markdown":  # an empty cell where nothing was measured (the control's p), not "nan"
         return table.astype(object).where(table.notna(), None).to_markdown(index=False, floatfmt=".4g", missingval="")
     if fmt == "csv":

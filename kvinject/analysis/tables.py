@@ -18,6 +18,12 @@ if TYPE_CHECKING:
 # measured, "control" in the p column.
 _NUMBER = re.compile(r"-|control|[-+\d.e]+( ± [-+\d.e]+)?|[-+\d.e]+–[-+\d.e]+")
 FOLDED = 12  # the narrowest a name column folds to before the table is printed wider instead
+# Marks a configuration that changed no value of the cache in any run (aggregate.changed_nothing).
+NOTHING_MARK = " †"
+NOTHING_NOTE = (
+    "† changed no value that reached the cache in any run: it measured nothing here (a compressor that acts between "
+    "decodes, on prompts decoded at once: give the bench --step; a --positions or --heads selection past every prompt)"
+)
 
 
 def fmt(value: object, spec: str = ".3g") -> str:
@@ -87,7 +93,8 @@ def _table(
             "NaN": str(a["nonfinite_items"]),
             **{m: fmt(metrics[m]["mean"]) if m in metrics else "-" for m in shown},
         }
-        table.add_row(Text(str(a["configuration"])), *(cells[c] for c in columns))  # text, not markup: [k:0-3]
+        name = f"{a['configuration']}{NOTHING_MARK if a.get('changed_nothing') else ''}"
+        table.add_row(Text(name), *(cells[c] for c in columns))  # text, not markup: [k:0-3]
     return _numbers_whole(table)
 
 

@@ -151,9 +151,9 @@ class Benchmark(ABC):
         return [(c, list(range(self.runs_needed(c, runs)))) for c in configs]
 
     @classmethod
-    def check(cls, config: Configuration) -> None:
-        """Fail, in one line, for a configuration whose --positions name a span this benchmark
-        does not declare; before anything runs."""
+    def check(cls, config: Configuration, options: Options | None = None) -> None:
+        """Fail, in one line, for a configuration this benchmark cannot measure with ``options``
+        (its --positions name a span the benchmark does not declare, say); before anything runs."""
         if config.target.positions is not None:
             config.target.positions.check(cls.name, cls.spans)
 
@@ -248,6 +248,13 @@ class GenerationBenchmark(Benchmark):
 
     def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress, golden: Golden | None = None) -> Iterator[RunResult]:
         prompts = self.prompts(model)
+        max_tokens, per_seq = self.limits(prompts)
+        if per_seq > model.n_ctx_train:  # before any compute: past it the model's positions mean nothing, and memory runs out
+            longest = max(map(len, prompts), default=0)
+            raise DataError(
+                f"{self.name}: the longest prompt is {longest} tokens, and with {max_tokens} to generate it needs {per_seq}, more than "
+                f"{model.path.name}'s training context of {model.n_ctx_train}: shorten the prompts (fewer shots, shorter data) or --max-tokens"
+            )
         named = {n for c, _ in plan if c.target.positions is not None for n in c.target.positions.names}
         spans = self.item_spans(model) if named - set(GENERATION_SPANS) else None
         reference = plan[0][0] if plan[0][0].error.cache_free else None

@@ -30,10 +30,11 @@ from llama_cpp import llama_cpp as ll
 from ..data import read_text
 from ..engine.context import Context
 from ..engine.model import Model
+from ..engine.perturbation import CacheResident
 from ..engine.realized import sumsq
 from ..engine.speed import Speed
 from ..error_models.configuration import Configuration
-from ..exceptions import DataError
+from ..exceptions import DataError, SpecError
 from .base import Benchmark, Golden, Plan, Progress, RunResult
 from .options import Options, option
 
@@ -86,6 +87,15 @@ class Perplexity(Benchmark):
     # come from the per-chunk mean NLL.
     proxies = {"ppl": ("mean_nll", np.exp), "rms_dp": ("mean_dp2", np.sqrt)}
     higher_is_better = {"ppl": False, "mean_nll": False, "kld": False, "same_top_p": True, "rms_dp": False}
+
+    @classmethod
+    def check(cls, config: Configuration, options: Options | None = None) -> None:
+        super().check(config, options)
+        if isinstance(config.error, CacheResident) and not (isinstance(options, PerplexityOptions) and options.step):
+            raise SpecError(
+                f"'{config.error.spec}' changes the cache between decodes, and perplexity decodes each chunk at once, so no scored "
+                "token would read what it changed: give --step N (the scored half N tokens a decode; 1: token by token)"
+            )
 
     def load(self) -> None:
         self.text = read_text(self.options.data, "encyclopedia")

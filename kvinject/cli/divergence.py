@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ..benchmarks.base import GenerationBenchmark
 from ..engine.target import Target
-from ..error_models.configuration import Configuration
+from ..error_models.configuration import Configuration, check_selection_applies
 from ..exceptions import KvinjectError
 from ..jsonutil import dumps
 from .flags import FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, bench_flags, check_format, setup_flags
@@ -63,7 +63,9 @@ def divergence_command(
         raise KvinjectError("--prompt gives the prompts as text: it takes --max-tokens, not a bench, its data or its options")
     cache = setup.cache
     ref = Configuration.parse(reference, cache=cache)
-    configs = list(dict.fromkeys(Configuration.parse(e, Target.parse(target, layers, positions, heads), cache) for e in error))
+    selection = Target.parse(target, layers, positions, heads)
+    configs = list(dict.fromkeys(Configuration.parse(e, selection, cache) for e in error))
+    check_selection_applies(selection, configs)
     benches = None if prompt else make_benches([bench or "gsm8k"], values, [data] if data else [])
     if benches:
         check_bench(benches[0])

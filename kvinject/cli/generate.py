@@ -64,3 +64,12 @@ def generate(
         # the label not markup: it holds [target:layers]
         table.add_row(Text(r.config.label), r.text, *(show(r.realized) for show in columns.values()))
     console.print(table)
+    for r in results:  # a completion that ended in NaN logits must not read as the model's answer
+        if r.changed_nothing:
+            console.print(Text(f"{r.config.label}: changed no value that reached the cache: its completion is the control's", style="yellow"))
+        bad = r.realized.k.nonfinite + r.realized.v.nonfinite
+        if r.nonfinite_steps or bad:
+            where = f"{bad} values reached the cache as NaN or Inf; " if bad else ""
+            console.print(
+                Text(f"{r.config.label}: {where}the logits were NaN or Inf at {r.nonfinite_steps} step(s), where greedy decoding means nothing", style="yellow")
+            )

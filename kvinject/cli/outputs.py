@@ -16,6 +16,8 @@ def check_writable(*paths: Path | None) -> None:
         folder = path.parent
         if path.is_dir():
             raise KvinjectError(f"cannot write {path}: it is a folder; give a file name")
+        if folder.exists() and not folder.is_dir():
+            raise KvinjectError(f"cannot write {path}: {folder} is a file, not a folder")
         if not folder.is_dir():
             raise KvinjectError(f"cannot write {path}: the folder {folder} does not exist")
         if not os.access(path if path.exists() else folder, os.W_OK):

@@ -52,8 +52,8 @@ def report(
     from ..analysis.plots import heatmap as draw_heatmap
     from ..analysis.plots import outcomes as draw_outcomes
     from ..analysis.plots import plot as draw
-    from ..analysis.report import FORMATS, check_metric, load_records, render, select, study_table, summarize, terminal_tables
-    from ..analysis.tables import report_table
+    from ..analysis.report import FORMATS, check_metric, flags_nothing, load_records, render, select, study_table, summarize, terminal_tables
+    from ..analysis.tables import NOTHING_NOTE, report_table
 
     if output_format not in FORMATS:
         raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")
@@ -85,6 +85,8 @@ def report(
         for title, part in parts:
             console.print(title, style="italic", highlight=False)  # not a table title: that wraps at the table's width
             print_table(report_table(part))
+        if flags_nothing(table):
+            console.print(NOTHING_NOTE, style="yellow", highlight=False)
         if not (all_metrics or wide):
             console.print("--wide: every column in one table (ci_runs: the 95% interval across runs)", style="dim", highlight=False)
     else:

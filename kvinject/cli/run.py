@@ -95,6 +95,10 @@ def run_command(
             print_table(bench_table(b.name, b.primary, b.secondary, data["aggregates"], wide, console.width))
         if output:
             console.print(f"[dim]results written to {output}")
+    if any(a["changed_nothing"] for a in data["aggregates"]):  # on stderr: --format json's stdout stays JSON
+        from ..analysis.tables import NOTHING_NOTE
+
+        Console(stderr=True).print(NOTHING_NOTE, style="yellow", highlight=False)
     if report.interrupted:
         Console(stderr=True).print(f"[yellow]{stopped(stop)}: {len(report.results)} finished runs kept{f' in {output}' if output else ''}")
         raise typer.Exit(exit_code(stop))

@@ -124,8 +124,11 @@ class RealizedStats:
 
     @property
     def snr_db(self) -> float:
-        """10·log10(signal power / error power); +inf when nothing changed."""
+        """10·log10(signal power / error power) over the values that stayed finite; +inf when
+        nothing changed, -inf when all that changed became NaN or Inf (error without bound)."""
         if self.noise == 0:
+            if self.nonfinite:
+                return -math.inf
             return math.inf if self.values else math.nan
         return 10 * math.log10(self.signal / self.noise) if self.signal else -math.inf
 

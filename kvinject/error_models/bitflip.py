@@ -188,7 +188,11 @@ class Faults(_Flips):
     def stream(self, rng: np.random.Generator, horizon: int | None) -> Draws:
         if horizon is None:  # a sequence no benchmark item began: fails if it is ever decoded
             return _Unplaced()
-        at = np.sort(rng.choice(horizon, size=min(self.count, horizon), replace=False))
+        if self.count > horizon:  # placing fewer would run something other than the label says
+            raise SpecError(
+                f"'{self.spec}' asks for {self.count} faults in an item whose prompt writes {horizon} values to the targeted layers: ask for at most {horizon}"
+            )
+        at = np.sort(rng.choice(horizon, size=self.count, replace=False))
         uint = self._format.uint
         masks = np.left_shift(uint(1), rng.choice(self._bits(), size=len(at)).astype(uint))
         return _Faults(at, masks)

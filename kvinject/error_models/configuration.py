@@ -86,4 +86,16 @@ def configurations(control: str, errors: list[str], target: Target | None = None
     ``ERROR[@K[/V]]`` with ``target`` and ``cache``; a spec equal to the control is dropped."""
     first = Configuration.parse(control, cache=cache)
     rest = [Configuration.parse(e, target, cache) for e in errors]
+    check_selection_applies(target, rest)
     return [first] + [c for c in dict.fromkeys(rest) if c != first]
+
+
+def check_selection_applies(target: Target | None, configs: list[Configuration]) -> None:
+    """A selection (--target, --layers, --positions, --heads) with no configuration to put error
+    where it says would be dropped without a word: refused."""
+    if target is not None and target != Target() and not any(c.error.injects for c in configs):
+        given = ", ".join(c.label for c in configs) or "no --error"
+        raise SpecError(
+            f"--target, --layers, --positions and --heads say where an error model's error goes, and {given} puts none anywhere: "
+            "give an error model (see `kvinject errors`) or leave them out"
+        )

@@ -99,6 +99,11 @@ class Evict(CacheResident):
             raise SpecError(f"'evict': a token BUDGET must be an integer >= 1 (a ratio needs a decimal point: 0.5), got {self.budget}")
         if self.sinks < 0 or not 0 <= self.recent <= 1 or self.window < 1 or self.kernel < 1 or self.kernel % 2 == 0:
             raise SpecError(f"'evict': sinks >= 0, recent in [0, 1], window >= 1 and an odd kernel >= 1 needed, got {self.spec}")
+        if self.method == "streaming" and "." not in self.budget and self.sinks >= ratio:  # it would keep budget - 1, not what the label says
+            raise SpecError(
+                f"'evict:streaming,{self.budget}' keeps at most {ratio - 1} sinks beside one recent token, and sinks={self.sinks} asks for more: "
+                "lower sinks or raise the budget"
+            )
 
     @property
     def spec(self) -> str:

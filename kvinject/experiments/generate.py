@@ -9,6 +9,7 @@ from ..engine.batching import generate_all
 from ..engine.cache_free import generate_cache_free, pass_context
 from ..engine.context import Context
 from ..engine.model import Model
+from ..engine.perturbation import CacheResident
 from ..engine.positions import GENERATION_SPANS
 from ..engine.realized import Realized
 from ..error_models.configuration import Configuration
@@ -23,6 +24,14 @@ class Completion:
     realized: Realized
     nonfinite_steps: int
 
+    @property
+    def changed_nothing(self) -> bool:
+        """An error model that changed no value of the cache (a selection past the prompt); not
+        said of one that accounts no values at all (eviction removes tokens rather than change them)."""
+        k, v = self.realized.k, self.realized.v
+        resident_silent = isinstance(self.config.error, CacheResident) and k.values + v.values == 0
+        return self.config.error.injects and not resident_silent and k.changed + v.changed == 0
+
     def to_dict(self) -> dict[str, object]:
         return {
             **self.config.to_dict(),
@@ -30,6 +39,7 @@ class Completion:
             "text": self.text,
             "n_tokens": len(self.tokens),
             "nonfinite_steps": self.nonfinite_steps,
+            "changed_nothing": self.changed_nothing,
             "realized": self.realized.summary(),
         }
 

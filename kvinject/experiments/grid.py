@@ -259,7 +259,7 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
 
     def add(model: str, bench: str, options: dict[str, Any], config: Configuration, seed: int, control: bool = False) -> None:
         try:
-            BENCHMARKS[bench].check(config)
+            BENCHMARKS[bench].check(config, BENCHMARKS[bench].Options.parse(options))
         except SpecError as e:
             raise GridError(f"{path}: [bench.{bench}] {e}") from None
         opts = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))

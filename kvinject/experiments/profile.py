@@ -18,10 +18,13 @@ from typing import Any
 import pandas as pd
 
 from ..benchmarks import BENCHMARKS, Benchmark
+from ..benchmarks.drift import METRICS as DRIFT
 from ..engine.model import Model, resolve_model
 from ..engine.options import BackendOptions, CacheOptions
+from ..engine.perturbation import CacheResident
+from ..engine.target import Target
 from ..error_models import ErrorModel
-from ..exceptions import KvinjectError
+from ..exceptions import KvinjectError, SpecError
 from .grid import Grid, build_grid
 
 DEFAULT_METRIC = {"perplexity": "kld"}
@@ -31,9 +34,12 @@ def profile_metric(bench: str, metric: str | None) -> str:
     """``metric`` checked against what ``bench`` measures, or the profile's default for it."""
     if metric is None:
         return DEFAULT_METRIC.get(bench, BENCHMARKS[bench].primary)
-    known = [*BENCHMARKS[bench].higher_is_better, "bits"]
+    # A generation bench's drift metrics are measured against a cache-free control, and a
+    # profile's control is `none`: asked for, they would be missing after every run was made.
+    known = [m for m in (*BENCHMARKS[bench].higher_is_better, "bits") if not (m in DRIFT and bench != "perplexity")]
     if metric not in known:
-        raise KvinjectError(f"--metric {metric}: {bench} measures {', '.join(known)}")
+        why = " (the drift metrics need a cache-free control, recompute, which a profile does not have)" if metric in DRIFT else ""
+        raise KvinjectError(f"--metric {metric}: a profile of {bench} measures {', '.join(known)}{why}")
     return metric
 
 
@@ -58,6 +64,14 @@ def profile_grid(
     through the grid parser so that it is checked as a grid file is: the bench with the options
     named in ``given`` as ``bench.options`` holds them, the control, and ``error`` on each
     layer's K and on each layer's V (``by_head``: on each KV head of them)."""
+    if isinstance(error, CacheResident):
+        try:
+            error.check_target(Target.parse("k", "0"), cache)
+        except SpecError:  # said as the profile's own limit, not as flags the user never gave
+            raise KvinjectError(
+                f"a profile puts the error into one layer's K or V at a time, and '{error.spec}' acts on every layer's K and V together: "
+                "it has no per-layer profile (compare it as a whole with kvinject run)"
+            ) from None
     path = resolve_model(model)
     with Model(str(path), BackendOptions(n_gpu_layers=0)) as shape:  # mmapped: the layers, not the weights
         n_layer, n_head_kv = shape.n_layer, shape.n_head_kv

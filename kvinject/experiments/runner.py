@@ -26,7 +26,7 @@ def run(
     for config in configs:  # before the control has run, not after
         config.check(model.n_layer, model.n_head_kv, model.head_dim_k, model.head_dim_v)
         for bench in benches:
-            bench.check(config)
+            bench.check(config, bench.options)
     for bench in benches:
         bench.prepare(model)
         plan = bench.plan(configs, runs)

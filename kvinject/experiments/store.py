@@ -97,6 +97,8 @@ class Store:
     def __init__(self, path: Path, readonly: bool = False):
         self.path = Path(path)
         memory = str(path) == ":memory:"
+        if self.path.is_dir():
+            raise StoreError(f"{path} is a folder, not a results store: give a file, such as {self.path / 'results.sqlite'}")
         if readonly and not self.path.is_file():
             raise StoreError(f"no results store at {path}")
         if not memory and self.path.is_file():

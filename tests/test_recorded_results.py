@@ -12,6 +12,7 @@ which guards from there on without a check against the AVX2 one."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -34,11 +35,44 @@ def test_results_match_those_recorded_before_the_refactor(tiny):
     assert now["settings"] == recorded["settings"]
     assert len(now["results"]) == len(recorded["results"])
     for got, want in zip(now["results"], recorded["results"]):
-        assert recorded_part(got, want) == want, f"{want['bench']} {want['label']} run {want['run']} differs"
+        where = first_difference(got, want)
+        assert where is None, f"{want['bench']} {want['label']} run {want['run']} differs at {where}"
 
 
-def recorded_part(got: object, want: object) -> object:
-    """``got`` with only the dictionary keys that ``want`` has, at every level."""
-    if isinstance(got, dict) and isinstance(want, dict):
-        return {k: recorded_part(got[k], want[k]) for k in want}
-    return got
+# llama.cpp's outputs (tokens, responses, counts) must be identical on the build and CPU a
+# recording was made on; the statistics derived from them in float64 may differ in their last
+# bits: numpy sums in blocks whose width follows the CPU's SIMD (AVX2 or AVX-512), so
+# mean_dp2 read 1.6073204058375155e-10 against ...158e-10 on an AVX-512 machine. 1e-12 relative
+# is a thousand times those few ulps and far below any digit a table or test reads.
+FLOAT_RTOL = 1e-12
+
+
+def first_difference(got: object, want: object, path: str = "") -> str | None:
+    """Where ``got`` differs from ``want`` (only the keys ``want`` has, at every level), or None."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict):
+            return path or "/"
+        for k in want:
+            if k not in got:
+                return f"{path}/{k} (missing)"
+            where = first_difference(got[k], want[k], f"{path}/{k}")
+            if where is not None:
+                return where
+        return None
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return f"{path} (length)"
+        return next((w for i, (g, x) in enumerate(zip(got, want)) if (w := first_difference(g, x, f"{path}[{i}]")) is not None), None)
+    if isinstance(want, float) and isinstance(got, float) and not isinstance(want, bool):
+        same = got == want or (math.isnan(got) and math.isnan(want)) or math.isclose(got, want, rel_tol=FLOAT_RTOL)
+        return None if same else f"{path} ({got!r} != {want!r})"
+    return None if got == want else f"{path} ({got!r} != {want!r})"
+
+
+def test_first_difference_tolerates_only_the_last_bits_of_floats():
+    recorded = {"metrics": {"mean_dp2": 1.6073204058375158e-10, "ppl": 7.97}, "tokens": [1, 2], "text": "a"}
+    assert first_difference({**recorded, "metrics": {"mean_dp2": 1.6073204058375155e-10, "ppl": 7.97}, "extra": 1}, recorded) is None
+    off = first_difference({**recorded, "metrics": {"mean_dp2": 1.6073e-10, "ppl": 7.97}}, recorded)
+    assert off == "/metrics/mean_dp2 (1.6073e-10 != 1.6073204058375158e-10)"
+    assert first_difference({**recorded, "tokens": [1, 3]}, recorded) == "/tokens[1] (3 != 2)"
+    assert first_difference({**recorded, "text": "b"}, recorded) is not None

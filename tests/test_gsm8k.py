@@ -12,7 +12,7 @@ from kvinject.benchmarks.arithmetic import MAX_STEPS, MIN_STEPS, OPS, generate
 from kvinject.benchmarks.gsm8k import CHAT_INSTRUCTION, GSM8K, INVALID, extract_flexible, extract_strict, load_items, normalize, truncate
 from kvinject.engine.batching import Generation
 from kvinject.error_models.configuration import Configuration
-from kvinject.exceptions import DataError
+from kvinject.exceptions import DataError, SpecError
 from kvinject.experiments.runner import run
 
 from .cli_runs import kvinject
@@ -213,3 +213,9 @@ def test_a_prompt_past_the_models_training_context_is_refused_before_any_compute
     """300 worked examples (38K tokens) ran on a 4K model; 5000 grew to 5.6 GB before a timeout."""
     out = kvinject("run", "--bench", "gsm8k", "--shots", "300", "--limit", "1", "--runs", "1", "--model", tiny_path)
     assert out.returncode != 0 and "training context of 4096" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_counts_that_would_be_generated_whole_before_limit_are_bounded():
+    """--problems 100000000 grew memory until killed (every problem is made before --limit picks)."""
+    with pytest.raises(SpecError, match="--problems must be at most 100000, got 100000000"):
+        GSM8K.Options.parse({"problems": 100_000_000}, cli=True)

@@ -342,3 +342,9 @@ def test_nuq_levels_are_k_means_of_the_normalized_calibration_and_the_cache_hold
     # Non-uniform: the levels are not the uniform grid's, and the cache differs from uniform's.
     assert not np.allclose(np.diff(fitted.k_levels[0]), np.diff(fitted.k_levels[0]).mean(), rtol=0.05)
     assert not np.array_equal(got["k", 0], checked(tiny, spec.replace(",levels=nuq", ""), n_batch=8)["k", 0])
+
+
+def test_a_calibration_longer_than_the_training_context_is_refused_before_a_context_is_made(tiny):
+    """calib=100000000 tried to allocate a 100M-token context."""
+    with pytest.raises(SpecError, match="training context of 4096"):
+        parse_error("kvquant:4,calib=100000000").fit(tiny, CacheOptions())

@@ -282,7 +282,7 @@ class LongContextOptions(Options):
     limit: int | None = option(None, "Items to evaluate, spread over the grid (default: all).", minimum=1)
     lengths: tuple[int, ...] = option((1024, 2048, 4096), "Lengths in the model's tokens: prompt (chat template included) and answer.", minimum=64)
     depths: tuple[int, ...] = option((0, 25, 50, 75, 100), "Needle depths: percent of the filler before the needle.", minimum=0)
-    samples: int = option(2, "Items per (length, depth) cell.", minimum=1)
+    samples: int = option(2, "Items per (length, depth) cell.", minimum=1, maximum=10_000)  # each cell's items are made before --limit
     data_seed: int = option(0, "Seed of the generated items (keys, values, filler), apart from the noise's --seed.", minimum=0)
 
 

@@ -18,10 +18,10 @@ from ..values import parse_float, parse_int
 _BOOL = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
 
 
-def option(default: Any, help: str, *, minimum: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
+def option(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
     """A field of an Options dataclass: its default, one line of help, and the bounds its value
     (or each element of a tuple value) must keep."""
-    return field(default=default, metadata={"help": help, "minimum": minimum, "choices": choices})
+    return field(default=default, metadata={"help": help, "minimum": minimum, "maximum": maximum, "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -120,9 +120,15 @@ def _scalar(name: str, typ: type, value: Any) -> Any:
     raise TypeError(f"options of type {typ} are not supported")  # a benchmark author's mistake
 
 
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)  # 100000000, not 1e+08
+
+
 def _check(name: str, f: Field, value: Any) -> None:
-    minimum, choices = f.metadata.get("minimum"), f.metadata.get("choices")
+    minimum, maximum, choices = f.metadata.get("minimum"), f.metadata.get("maximum"), f.metadata.get("choices")
     if minimum is not None and value < minimum:
-        raise SpecError(f"{name} must be at least {minimum:g}, got {value:g}")
+        raise SpecError(f"{name} must be at least {minimum:g}, got {_number(value)}")
+    if maximum is not None and value > maximum:
+        raise SpecError(f"{name} must be at most {maximum:g}, got {_number(value)}")
     if choices is not None and value not in choices:
         raise SpecError(f"{name} must be one of {', '.join(choices)}, got {value!r}")

@@ -284,8 +284,11 @@ def _calibration_rows(model: Model, cache: CacheOptions, pre_rope: bool, n: int,
     with ``v`` its V rows: per component, a list over layers (V's empty without ``v``)."""
     from ..engine.context import Context  # here: parsing specs need not load llama.cpp
 
+    if n > model.n_ctx_train:  # before a context of n cells is allocated
+        raise SpecError(f"'kvquant': calib={n} tokens is more than {model.path.name}'s training context of {model.n_ctx_train}")
+    tokens = calibration_tokens(model, n)
     capture = _Capture(pre_rope)
     components = "kv" if v else "k"
     with Context(model, cache, capture, Target(components), n_ctx=n) as ctx:
-        ctx.prefill(calibration_tokens(model, n))
+        ctx.prefill(tokens)
     return {c: [np.concatenate(capture.rows[c, layer]) for layer in range(model.n_layer)] if c in components else [] for c in "kv"}

@@ -36,6 +36,10 @@ _CALLBACKS: set[CodeType] = set()
 _RESEND_S = 0.05
 _resend: threading.Timer | None = None
 _terminated = False  # a SIGTERM put off with a Ctrl-C: the stop raised is the SIGTERM
+# A stop was raised: the command is keeping its work (writing its output, closing its store), and
+# a second Ctrl-C, or the scheduler's SIGTERM after it, would break that off with a traceback.
+# Further signals are ignored until the process ends; SIGKILL still ends it at once.
+_stopped = False
 
 
 def callback(fn: F) -> F:
@@ -53,7 +57,9 @@ def _in_callback(frame: FrameType | None) -> bool:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    global _resend, _terminated
+    global _resend, _terminated, _stopped
+    if _stopped:
+        return
     _terminated = _terminated or signum == signal.SIGTERM
     if _in_callback(frame):
         # Sent again shortly from another thread (re-sent at once, it would land in this very
@@ -69,7 +75,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _resend is not None:  # this is the interrupt it would send: not a second one during the clean-up
         _resend.cancel()
         _resend = None
-    stop, _terminated = (Terminated if _terminated else KeyboardInterrupt), False
+    stop, _terminated, _stopped = (Terminated if _terminated else KeyboardInterrupt), False, True
     raise stop
 
 
@@ -81,9 +87,12 @@ def _send(signum: int) -> None:
 
 
 def install() -> None:
-    """Defer Ctrl-C and SIGTERM out of callbacks; only over Python's default handlers, in the main thread."""
+    """Defer Ctrl-C and SIGTERM out of callbacks, and let only the first stop a command; only over
+    Python's default handlers, in the main thread."""
+    global _stopped
     if threading.current_thread() is not threading.main_thread():
         return
+    _stopped = False
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_signal)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

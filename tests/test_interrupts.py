@@ -165,3 +165,29 @@ def test_a_command_without_work_to_keep_ends_in_one_line_with_the_signal_s_statu
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
     assert err.strip().splitlines()[-1] == word and "Traceback" not in err and "Aborted" not in err, err
+
+
+def test_a_second_ctrl_c_or_sigterm_does_not_break_off_the_clean_up():
+    """After the first stop the command writes what it finished; a second press landed there as a
+    traceback and a half-written file."""
+    previous = {s: signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        interrupts.install()
+        saved = []
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                signal.raise_signal(signal.SIGINT)
+                time.sleep(5)
+            finally:  # the clean-up, pressed again, then terminated by the scheduler
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGTERM)
+                saved.append(True)
+        assert saved
+        interrupts.install()  # a new command: its first press stops it again
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(5)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        interrupts._stopped = False

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..benchmarks.base import Benchmark, RunResult
 from ..benchmarks.options import Options
-from ..engine.perturbation import CacheResident
+from ..engine.perturbation import changed_nothing as changes_nothing
 from .stats import across_runs, bootstrap_ci, compare_to_control, paired_bootstrap, percent_of_control, proportion_ci
 
 
@@ -46,16 +46,13 @@ def _matrix(results: list[RunResult], metric: str) -> np.ndarray | None:
 def changed_nothing(group: list[RunResult], control: list[RunResult]) -> bool:
     """A configuration meant to change the cache that changed nothing of it in any run: it
     measured nothing (a --positions selection past every prompt, a compressor whose budget the
-    prompts never reach). Native cache types and cache-free decoding change values elsewhere:
-    never flagged. A cache-resident model that accounts no values (eviction removes tokens; it
-    changes none) did something where its bits per element fall below the control's."""
-    error = group[0].config.error
-    if not error.injects:
-        return False
-    if isinstance(error, CacheResident) and all(r.realized.k.values + r.realized.v.values == 0 for r in group):
+    prompts never reach). Where no run's statistics can say (eviction), it did something where
+    its bits per element fall below the control's."""
+    verdicts = [changes_nothing(r.config.error, r.realized) for r in group]
+    if all(v is None for v in verdicts):
         bits, ctl = [r.metrics.get("bits") for r in group], control[0].metrics.get("bits")
         return ctl is not None and None not in bits and all(b >= ctl for b in bits)
-    return all(r.realized.k.changed + r.realized.v.changed == 0 for r in group)
+    return all(v is not False for v in verdicts)
 
 
 def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], options: Options | None = None) -> list[dict[str, object]]:

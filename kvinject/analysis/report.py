@@ -316,15 +316,16 @@ def flags_nothing(table: pd.DataFrame) -> bool:
 def render(table: pd.DataFrame, fmt: str) -> str:
     """The table in a file format: csv and json keep the flags as columns, markdown and latex
     mark the configurations and add the note."""
-    if fmt in ("markdown", "latex") and flags_nothing(table):
-        return f"{render(mark_changed_nothing(table), fmt)}\n{NOTHING_NOTE}\n"
-    table = mark_changed_nothing(table) if fmt in ("markdown", "latex") else table
+    note = ""
+    if fmt in ("markdown", "latex"):
+        note = f"\n{NOTHING_NOTE}\n" if flags_nothing(table) else ""
+        table = mark_changed_nothing(table)
     if fmt == "markdown":  # an empty cell where nothing was measured (the control's p), not "nan"
-        return table.astype(object).where(table.notna(), None).to_markdown(index=False, floatfmt=".4g", missingval="")
+        return table.astype(object).where(table.notna(), None).to_markdown(index=False, floatfmt=".4g", missingval="") + note
     if fmt == "csv":
         return table.to_csv(index=False)
     if fmt == "json":
         return table.to_json(orient="records", indent=2)
     if fmt == "latex":
-        return table.to_latex(index=False, float_format="%.4g", na_rep="", escape=True)  # pandas escapes nothing by default: % starts a comment
+        return table.to_latex(index=False, float_format="%.4g", na_rep="", escape=True) + note  # pandas escapes nothing by default: % starts a comment
     raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")

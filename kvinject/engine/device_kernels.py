@@ -99,27 +99,30 @@ def _rint32(y):
 
 
 @cuda.jit(device=True)
-def _changed(kind, a, b, v, key, index, scale, largest, nmant, minexp, block, flip):
-    """The value ``v`` becomes under the law, and the value the sums measure the change from."""
+def _changed(kind, law, v, key, index, scale, flip):
+    """The value ``v`` becomes under ``law`` (its slots as kvinject/engine/laws.py lays them out for
+    its kind), and the value the sums measure the change from."""
     if kind == laws.ROUND:
-        if block > 0:
+        largest, nmant, minexp = law[1], np.int64(law[2]), np.int64(law[3])
+        if law[4] > 0:
             return round_scaled(v, scale, largest, nmant, minexp), v
         return round_to(v, largest, nmant, minexp), v
     if kind == laws.QUANT:
-        q = min(max(_rint32(np.float32(v / np.float32(scale))), -a), a)
+        qmax = np.float32(law[1])
+        q = min(max(_rint32(np.float32(v / np.float32(scale))), -qmax), qmax)
         return np.float32(q * np.float32(scale)), v
     if kind == laws.MASK:
-        return f32_from(f32_bits(v) & np.uint32(nmant)), v
+        return f32_from(f32_bits(v) & np.uint32(np.int64(law[1]))), v
     if kind == laws.FLIP:
-        u = f32_bits(v)
-        if block == laws.F16:
+        u, fmt = f32_bits(v), np.int64(law[1])
+        if fmt == laws.F16:
             s = to_f16(u)
             return f32_from(from_f16(s ^ flip)), f32_from(from_f16(s))
-        if block == laws.BF16:
+        if fmt == laws.BF16:
             s = to_bf16(u)
             return f32_from(from_bf16(s ^ flip)), f32_from(from_bf16(s))
         return f32_from(u ^ flip), v
-    return v * factor(kind, a, b, hash_at(key, index)), v
+    return v * factor(kind, np.float32(law[1]), np.float32(law[2]), hash_at(key, index)), v
 
 
 @cuda.jit
@@ -130,14 +133,6 @@ def change(x, span, row, at, law, seg_first, seg_key, seg_start, seg_rows, flips
     layout); ``flips``: FLIP's masks, one a value; ``mask`` (rows) and ``columns`` (row), when not
     empty: which rows and components get the error; the others keep their values."""
     kind = np.int64(law[0])
-    a, b = np.float32(law[1]), np.float32(law[2])
-    largest, nmant, minexp, block = law[1], np.int64(law[2]), np.int64(law[3]), np.int64(law[4])
-    if kind == laws.QUANT:
-        nmant = 0
-    if kind == laws.MASK:
-        nmant = np.int64(law[1])
-    if kind == laws.FLIP:
-        block = np.int64(law[1])
     sums = cuda.local.array(N_ACC, float64)
     for i in range(N_ACC):
         sums[i] = 0.0
@@ -150,8 +145,8 @@ def change(x, span, row, at, law, seg_first, seg_key, seg_start, seg_rows, flips
             k += 1
         base = seg_start[k] + at * seg_rows[k] + (r - seg_first[k]) * row
         scale = 1.0
-        if kind == laws.ROUND and block > 0:
-            scale = shared_scale(x[first : first + span], largest)
+        if kind == laws.ROUND and law[4] > 0:  # an MX block's shared scale
+            scale = shared_scale(x[first : first + span], law[1])
         elif kind == laws.QUANT:
             amax = np.float32(0)
             for j in range(first, first + span):
@@ -166,7 +161,7 @@ def change(x, span, row, at, law, seg_first, seg_key, seg_start, seg_rows, flips
             c = j - r * row
             before = x[j]
             flip = np.uint32(flips[j]) if flips.size > 0 else np.uint32(0)
-            after, start = _changed(kind, a, b, before, seg_key[k], base + c, scale, largest, nmant, minexp, block, flip)
+            after, start = _changed(kind, law, before, seg_key[k], base + c, scale, flip)
             if row_out or (columns.size > 0 and columns[c] == 0):  # kept: counts as unchanged, and outside
                 sums[8] += 1
                 if not math.isfinite(before):

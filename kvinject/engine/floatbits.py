@@ -4,7 +4,8 @@ code that has no array to view (a GPU kernel's scalars: kvinject/engine/device_k
 They give numpy's and ggml's results bit for bit: fp16 rounds to nearest even as numpy's
 ``astype(np.float16)`` does (subnormals, overflow to infinity, a NaN's top payload bits kept and
 kept a NaN), bf16 as ggml_compute_fp32_to_bf16 (kvinject/error_models/bitflip.py's encoding);
-tests/test_device.py checks every fp16 and bf16 and millions of float32 patterns against them.
+tests/test_device.py checks the decoding of every fp16 and the encodings of two million random
+float32 patterns and the neighbours of fp16's range edges against numpy's and ggml's.
 """
 
 from __future__ import annotations

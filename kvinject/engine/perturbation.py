@@ -24,6 +24,7 @@ from .variates import Draws, Variates
 if TYPE_CHECKING:
     from .model import Model
     from .options import CacheOptions
+    from .realized import Realized
     from .resident import ResidentCache
     from .target import Target
 
@@ -238,6 +239,19 @@ class NoError(ErrorModel):
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         pass
+
+
+def changed_nothing(error: ErrorModel, realized: Realized) -> bool | None:
+    """Whether ``error``, in a run that realized ``realized``, changed no value of the cache (a
+    --positions selection past every prompt): False for models that put no error in it (native
+    cache types, cache-free decoding change values elsewhere); None where the statistics cannot
+    say, a cache-resident model that accounts no values (eviction removes tokens, changing none)."""
+    if not error.injects:
+        return False
+    k, v = realized.k, realized.v
+    if isinstance(error, CacheResident) and k.values + v.values == 0:
+        return None
+    return k.changed + v.changed == 0
 
 
 def check_selection(error: ErrorModel, target: Target) -> None:

@@ -9,7 +9,7 @@ from ..engine.batching import generate_all
 from ..engine.cache_free import generate_cache_free, pass_context
 from ..engine.context import Context
 from ..engine.model import Model
-from ..engine.perturbation import CacheResident
+from ..engine.perturbation import changed_nothing
 from ..engine.positions import GENERATION_SPANS
 from ..engine.realized import Realized
 from ..error_models.configuration import Configuration
@@ -27,10 +27,8 @@ class Completion:
     @property
     def changed_nothing(self) -> bool:
         """An error model that changed no value of the cache (a selection past the prompt); not
-        said of one that accounts no values at all (eviction removes tokens rather than change them)."""
-        k, v = self.realized.k, self.realized.v
-        resident_silent = isinstance(self.config.error, CacheResident) and k.values + v.values == 0
-        return self.config.error.injects and not resident_silent and k.changed + v.changed == 0
+        said where the statistics cannot tell (eviction removes tokens rather than change them)."""
+        return changed_nothing(self.config.error, self.realized) is True
 
     def to_dict(self) -> dict[str, object]:
         return {

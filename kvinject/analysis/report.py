@@ -27,10 +27,25 @@ from .tables import NOTHING_MARK, NOTHING_NOTE
 FORMATS = ("table", "markdown", "csv", "json", "latex")
 
 
-def load_records(paths: list[Path]) -> list[dict[str, Any]]:
-    """Every record of every store, each (cell, run) once. Stores are opened read-only."""
-    seen: dict[tuple[str, int], dict[str, Any]] = {}
+def store_paths(paths: list[Path]) -> list[Path]:
+    """Stores as given, a folder (a run folder of sweep --slurm) standing for the stores in it."""
+    out = []
     for path in paths:
+        if path.is_dir():
+            found = sorted(path.glob("*.results.sqlite"))
+            if not found:
+                raise KvinjectError(f"{path} holds no results stores (*.results.sqlite): give a store, or the run folder of a sweep --slurm")
+            out += found
+        else:
+            out.append(path)
+    return out
+
+
+def load_records(paths: list[Path]) -> list[dict[str, Any]]:
+    """Every record of every store (a folder: the stores in it), each (cell, run) once. Stores
+    are opened read-only."""
+    seen: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in store_paths(paths):
         with Store(path, readonly=True) as store:
             for record in store.records():
                 seen.setdefault((record["cell"], record["run"]), record)

@@ -15,7 +15,7 @@ from .render import console, print_table
 
 
 def report(
-    stores: Annotated[list[Path], typer.Argument(help="Results stores written by kvinject sweep (shards are merged).")],
+    stores: Annotated[list[Path], typer.Argument(help="Results stores written by kvinject sweep (shards are merged), or run folders of sweep --slurm.")],
     output_format: Annotated[str, typer.Option("--format", help="table, markdown, csv, json or latex.")] = "table",
     filters: Annotated[
         Optional[list[str]], typer.Option("--filter", help="Keep records whose setting KEY equals VALUE, e.g. bench=ifeval, target=k, cache_v=q8_0.")
@@ -52,7 +52,7 @@ def report(
     from ..analysis.plots import heatmap as draw_heatmap
     from ..analysis.plots import outcomes as draw_outcomes
     from ..analysis.plots import plot as draw
-    from ..analysis.report import FORMATS, check_metric, flags_nothing, load_records, render, select, study_table, summarize, terminal_tables
+    from ..analysis.report import FORMATS, check_metric, flags_nothing, load_records, render, select, store_paths, study_table, summarize, terminal_tables
     from ..analysis.tables import NOTHING_NOTE, report_table
 
     if output_format not in FORMATS:
@@ -81,7 +81,7 @@ def report(
         Console(stderr=True).print(f"outcomes written to {outcomes}")
     table = df if all_metrics else study_table(df, metric, digits=3 if output_format == "table" else 4)
     if output_format == "table":
-        parts = [(f"{len(records)} runs from {len(stores)} store(s)", table)] if all_metrics or wide else terminal_tables(table)
+        parts = [(f"{len(records)} runs from {len(store_paths(stores))} store(s)", table)] if all_metrics or wide else terminal_tables(table)
         for title, part in parts:
             console.print(title, style="italic", highlight=False)  # not a table title: that wraps at the table's width
             print_table(report_table(part))

@@ -9,12 +9,15 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from ..exceptions import KvinjectError
 from .flags import ParallelOpt, VerboseOpt
 from .render import console, count, interrupted, run_sweep
 
+SLURM = "SLURM (clusters)"
+
 
 def sweep(
-    grid: Annotated[Path, typer.Argument(help="Grid file (TOML, see docs/grid-format.md).")],
+    grid: Annotated[Path, typer.Argument(help="Grid file (TOML, see docs/grid-format.md); with --status or --resubmit also a run folder of --slurm.")],
     store: Annotated[
         Optional[Path], typer.Option("--store", help="Results store (SQLite). Default: GRID.results.sqlite, or GRID.shardIofN.results.sqlite.")
     ] = None,
@@ -23,15 +26,85 @@ def sweep(
     ] = None,
     dry_run: Annotated[
         bool,
-        typer.Option("--dry-run", help="List the expanded cells, what is left to run, which other workers compute what, and a time estimate; run nothing."),
+        typer.Option(
+            "--dry-run",
+            help="List the expanded cells, what is left to run, which other workers compute what, and a time estimate; run nothing. "
+            "With --slurm: the job script and each task's estimate.",
+        ),
     ] = False,
     max_cells: Annotated[int, typer.Option("--max-cells", min=1, help="Refuse a grid that expands to more cells (a guard against a mistyped range).")] = 5000,
     parallel: ParallelOpt = None,
     verbose: VerboseOpt = False,
+    slurm: Annotated[
+        bool,
+        typer.Option(
+            "--slurm",
+            help="Submit the grid as a SLURM job array: a run folder GRID.slurm/ beside the grid holds the script, "
+            "one store per task (never one store shared across nodes) and the logs (docs/cluster.md).",
+            rich_help_panel=SLURM,
+        ),
+    ] = False,
+    tasks: Annotated[
+        Optional[int],
+        typer.Option("--tasks", min=1, help="Array tasks: the grid's cell groups are split into this many shards. Default: 4.", rich_help_panel=SLURM),
+    ] = None,
+    time_limit: Annotated[
+        Optional[str], typer.Option("--time", help="Each task's time limit, as sbatch --time (4:00:00); see --dry-run's estimate.", rich_help_panel=SLURM)
+    ] = None,
+    partition: Annotated[Optional[str], typer.Option("--partition", help="sbatch --partition.", rich_help_panel=SLURM)] = None,
+    gres: Annotated[Optional[str], typer.Option("--gres", help="Generic resources per task, e.g. gpu:1 (sbatch --gres).", rich_help_panel=SLURM)] = None,
+    cpus_per_task: Annotated[Optional[int], typer.Option("--cpus-per-task", min=1, help="sbatch --cpus-per-task.", rich_help_panel=SLURM)] = None,
+    requeue: Annotated[
+        bool, typer.Option("--requeue", help="Let the scheduler requeue a preempted task; it resumes its store.", rich_help_panel=SLURM)
+    ] = False,
+    sbatch_args: Annotated[
+        Optional[list[str]], typer.Option("--sbatch-arg", help="Another sbatch option, repeatable, e.g. --sbatch-arg=--account=ml.", rich_help_panel=SLURM)
+    ] = None,
+    run_folder: Annotated[Optional[Path], typer.Option("--run-folder", help="The run folder, instead of GRID.slurm/.", rich_help_panel=SLURM)] = None,
+    status: Annotated[
+        bool, typer.Option("--status", help="Each task of a submitted run: its state in the scheduler, cells done and runs left.", rich_help_panel=SLURM)
+    ] = False,
+    resubmit: Annotated[
+        bool,
+        typer.Option(
+            "--resubmit", help="Submit again the tasks with runs left that are not queued or running; they resume their stores.", rich_help_panel=SLURM
+        ),
+    ] = False,
 ) -> None:
     """Run every cell of a grid into a results store. Safe to interrupt: finished runs are kept,
     and running the same command again does only what is missing. Several workers (one per GPU,
-    say) may run the same command on one store on one machine: they split the cell groups."""
+    say) may run the same command on one store on one machine: they split the cell groups.
+    On a cluster, --slurm submits the grid as a job array, --status follows it and --resubmit
+    sends again what a time limit or a failure left unfinished."""
+    from ..experiments.slurm import SlurmOptions, default_folder
+
+    slurm_given = [
+        name
+        for name, given in (
+            ("--tasks", tasks),
+            ("--time", time_limit),
+            ("--partition", partition),
+            ("--gres", gres),
+            ("--cpus-per-task", cpus_per_task),
+            ("--requeue", requeue),
+            ("--sbatch-arg", sbatch_args),
+            ("--run-folder", run_folder),
+        )
+        if given
+    ]
+    if status or resubmit:
+        if ignored := [*(["--slurm"] if slurm else []), *(name for name in slurm_given if name != "--run-folder"), *(["--shard"] if shard else [])]:
+            raise KvinjectError(f"--status and --resubmit take the run folder's own settings: leave out {', '.join(ignored)}")
+        _follow(run_folder or (grid if grid.is_dir() else default_folder(grid)), resubmit)
+        return
+    if slurm:
+        if shard or store:
+            raise KvinjectError("--slurm gives each array task its shard and its store in the run folder: leave out --shard and --store")
+        options = SlurmOptions(tasks or 4, time_limit, partition, gres, cpus_per_task, requeue, tuple(sbatch_args or ()), parallel, max_cells)
+        _submit(grid, run_folder or default_folder(grid), options, dry_run)
+        return
+    if slurm_given:
+        raise KvinjectError(f"{', '.join(slurm_given)} go{'es' if len(slurm_given) == 1 else ''} with --slurm (or --status, --resubmit)")
     from ..engine.llama_log import set_verbose
     from ..experiments.grid import bench_labels, load_grid
     from ..experiments.store import Store
@@ -81,3 +154,65 @@ def sweep(
         except KeyboardInterrupt as stop:
             raise interrupted(stop, store_path, resume) from None
     console.print(f"{written} runs written to {store_path}, nothing left to run; report with: kvinject report {store_path}", soft_wrap=True)
+
+
+def _submit(grid: Path, folder: Path, options, dry_run: bool) -> None:
+    """Check the grid here, then write the run folder and submit its array (or show both)."""
+    from ..experiments.slurm import SlurmRun, plan_tasks
+
+    planned = plan_tasks(grid, options)  # a bad grid fails here, not in every task
+    table = Table()
+    for col in ("task", "cells", "runs", "estimate"):
+        table.add_column(col, justify="right")
+    for task, (cells, seconds) in enumerate(planned):
+        table.add_row(str(task), str(len(cells)), str(sum(len(p.runs) for p in cells)), f"{max(seconds / 60, 1):.0f} min")
+    if dry_run:
+        print(SlurmRun.draft(grid, folder, options).script(options), end="")
+        console.print(table)
+        longest = max(seconds for _, seconds in planned) / 60
+        print(f"longest task: about {max(longest, 1):.0f} min on 2 CPU cores, timed on the default model (docs/performance.md); nothing submitted")
+        return
+    run = SlurmRun.create(grid, folder, options)
+    job = run.submit(list(range(options.tasks)))
+    console.print(table)
+    console.print(
+        f"submitted job {job}: {count(options.tasks, 'task')}, stores and logs in {run.folder}\n"
+        f"follow with: kvinject sweep {folder} --status; report with: kvinject report {folder}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _follow(folder: Path, resubmit: bool) -> None:
+    """--status, and with --resubmit the unfinished tasks submitted again first."""
+    from ..experiments.slurm import SlurmRun
+
+    run = SlurmRun.open(folder)
+    if resubmit:
+        again, live = run.unfinished()
+        if again:
+            job = run.submit(again)
+            console.print(f"resubmitted {count(len(again), 'task')} ({', '.join(map(str, again))}) as job {job}", highlight=False)
+        else:
+            console.print(
+                "nothing to resubmit: "
+                + (
+                    f"{'task' if len(live) == 1 else 'tasks'} {', '.join(map(str, live))} {'is' if len(live) == 1 else 'are'} queued or running"
+                    if live
+                    else "every task is finished"
+                ),
+                highlight=False,
+            )
+    table = Table()
+    for col, justify in (("task", "right"), ("job", "right"), ("state", "left"), ("cells done", "right"), ("runs left", "right")):
+        table.add_column(col, justify=justify)
+    tasks = run.status()
+    for t in tasks:
+        table.add_row(str(t.task), t.job or "", t.state, f"{t.cells_done}/{t.cells}", str(t.runs_left))
+    console.print(table)
+    left = [t.task for t in tasks if not t.finished]
+    if left:
+        console.print(f"{count(len(left), 'task')} unfinished; logs in {run.folder / 'logs'}", markup=False, highlight=False, soft_wrap=True)
+    else:
+        console.print(f"every task is finished; report with: kvinject report {folder}", markup=False, highlight=False, soft_wrap=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -86,6 +87,14 @@ def _from_hub(ref: str) -> Path:
 
 
 def file_sha256(path: Path) -> str:
+    """The file's SHA-256, read once per process for a file unchanged since (a sweep's status
+    asks for a large model's once per task)."""
+    stat = Path(path).stat()
+    return _sha256(Path(path).resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(path: Path, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 import psutil
@@ -13,8 +14,12 @@ FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 
 
 def physical_cores() -> int:
-    # llama.cpp's default of 4 threads (or Llama()'s cpu_count()//2) is far slower on small machines.
-    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+    """Physical cores, at most the CPUs this process may run on: a SLURM task (task/affinity,
+    cgroups), taskset or a container's cpuset gets its share of a large node, not a thread per
+    core of the node. llama.cpp's default of 4 threads (or Llama()'s cpu_count()//2) is far slower
+    on small machines."""
+    cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+    return min(cores, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else cores
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from kvinject.experiments.runner import run
 
 from .cache_state import read_cells
 from .cli_runs import PNG, kvinject, swept
+from .tiny_model import HEAD_DIM, N_HEAD_KV
 
 
 def test_each_item_gets_the_outcome_its_definition_says():
@@ -110,19 +111,31 @@ def test_the_stored_format_is_the_cache_s():
         parse_error("bitflip:0.1,bit=16,format=bf16")
 
 
-@pytest.mark.parametrize("fmt,bit", [("f16", 14), ("bf16", 3), ("f32", 20)])
-def test_faults_flip_exactly_k_values_of_each_prompt_and_nothing_else(tiny, fmt, bit):
+# The fields of each format by their definitions (IEEE 754 binary16 and binary32; bfloat16 is
+# binary32's upper half): the lowest and highest bit of each.
+FIELDS = {
+    "f16": {"mantissa": (0, 9), "exponent": (10, 14), "sign": (15, 15)},
+    "bf16": {"mantissa": (0, 6), "exponent": (7, 14), "sign": (15, 15)},
+    "f32": {"mantissa": (0, 22), "exponent": (23, 30), "sign": (31, 31)},
+}
+
+
+@pytest.mark.parametrize("fmt,bit,n_batch", [("f16", 14, 512), ("bf16", 3, 512), ("f32", 20, 512), ("f16", 15, 4), ("bf16", 7, 5)])
+def test_faults_flip_exactly_k_values_of_each_prompt_and_nothing_else(tiny, fmt, bit, n_batch):
     """A float cache holds what the hook wrote exactly: in the last layer (whose K/V no other
     cached value depends on), each item's prompt rows differ from the control's in exactly K
-    values, each by the chosen bit of the cache's format; the first layer is untouched."""
+    values, each by the chosen bit of the cache's format, where the item's record says; the
+    first layer is untouched. A small batch decodes the prompts in pieces."""
     cache = CacheOptions(fmt, fmt, "on")
     faulty_spec = f"faults:3,bit={bit}"
     prompts = [tiny.tokenize("The quick brown fox jumps over the lazy dog."), tiny.tokenize("One two three four five six seven eight nine ten eleven.")]
-    caches, realized = {}, {}
+    caches, realized, recorded = {}, {}, {}
     for spec in ("none", faulty_spec):
-        with Context(tiny, cache, parse_error(spec), Target.parse("kv", "1"), seed=5, n_ctx=128) as ctx:
-            caches[spec] = [read_cells(ctx) for _ in generate_all(ctx, prompts, 4, items=[0, 1])]
+        with Context(tiny, cache, parse_error(spec), Target.parse("kv", "1"), seed=5, n_ctx=128, n_batch=n_batch) as ctx:
+            done = {i: (read_cells(ctx), gen.faults) for i, gen in generate_all(ctx, prompts, 4, items=[0, 1])}
+            caches[spec], recorded[spec] = [done[i][0] for i in range(len(prompts))], [done[i][1] for i in range(len(prompts))]
             realized[spec] = ctx.realized.summary()
+    assert recorded["none"] == [None, None], "only placed faults are recorded"
     # The realized statistics count the faults, not the rounding to the format they start from.
     assert sum(realized[faulty_spec][c]["changed"] for c in "kv") == 3 * len(prompts)
     held = BITS[fmt][0]
@@ -137,6 +150,13 @@ def test_faults_flip_exactly_k_values_of_each_prompt_and_nothing_else(tiny, fmt,
         flips = np.concatenate([bits(c, 1).ravel() for c in "kv"])
         # A flip that makes a NaN is stored quieted: fp16's quiet bit (9) set by the conversions.
         assert np.count_nonzero(flips) == 3 and set(flips[flips != 0].tolist()) <= {1 << bit, 1 << bit | 1 << 9}
+        # Each fault is recorded where it landed: the value at its layer, K or V, position, head and element.
+        found = {(c, int(p), int(col)) for c in "kv" for p, col in zip(*np.nonzero(bits(c, 1)))}
+        sites = recorded[faulty_spec][i]
+        assert {(f["kv"], f["position"], f["head"] * HEAD_DIM + f["element"]) for f in sites} == found
+        field = next(f for f, (lo, hi) in FIELDS[fmt].items() if lo <= bit <= hi)
+        assert all(f["layer"] == 1 and f["bit"] == bit and f["field"] == field and f["format"] == fmt for f in sites)
+        assert all(0 <= f["position"] < len(prompt) and 0 <= f["head"] < N_HEAD_KV for f in sites)
 
 
 def test_faults_need_an_item_s_prompt(tiny):

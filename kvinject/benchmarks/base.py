@@ -47,6 +47,7 @@ class RunResult:
     extra: dict[str, float] = field(default_factory=dict)  # e.g. divergence from the control
     outputs: list[list[int]] | None = None  # generated tokens per item (a generation bench's)
     texts: list[str] | None = None  # generated text per item, written with the record
+    faults: list[list[dict[str, object]]] | None = None  # per item, where each fault landed (faults:K)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -62,6 +63,7 @@ class RunResult:
             "items": self.items,
             **({"outputs": self.outputs} if self.outputs is not None else {}),
             **({"responses": self.texts} if self.texts is not None else {}),
+            **({"faults": self.faults} if self.faults is not None else {}),
         }
 
 
@@ -299,6 +301,7 @@ class GenerationBenchmark(Benchmark):
         texts = [""] * n
         drift: list[dict[str, float]] = [{}] * n
         due = [False] * n
+        faults: list[list[dict[str, object]] | None] = [None] * n
         tokens = 0
         max_tokens, per_seq = self.limits(prompts)
         with ExitStack() as stack:
@@ -313,7 +316,7 @@ class GenerationBenchmark(Benchmark):
             judge = stack.enter_context(pass_context(model, reference.cache, per_seq)) if reference is not None and control is not None else None
             for i, gen in generations:
                 scores[i] = self.score(i, gen)
-                outputs[i], texts[i] = gen.tokens, gen.text
+                outputs[i], texts[i], faults[i] = gen.tokens, gen.text, gen.faults
                 due[i] = self.nonfinite(gen)
                 tokens += len(prompts[i]) + len(gen.tokens)
                 if reference is not None:
@@ -344,6 +347,7 @@ class GenerationBenchmark(Benchmark):
             extra,
             outputs,
             texts if self.keep_texts else None,
+            faults if config.error.placed else None,
         )
 
 

@@ -39,6 +39,15 @@ def report(
         Optional[Path],
         typer.Option("--frontier", help="Draw each bench's score against bits per K/V element to this PNG, with the Pareto front (needs matplotlib)."),
     ] = None,
+    faults: Annotated[
+        Optional[str],
+        typer.Option(
+            "--faults",
+            help="Map a fault campaign (faults:1) instead: the shares of single-fault injections masked, benign, SDC and DUE, with 95% "
+            "Wilson intervals, by bit, field, format, layer, kv, head, element or position (several comma-separated, e.g. bit or "
+            "layer,kv; docs/faults.md).",
+        ),
+    ] = None,
     outcomes: Annotated[
         Optional[Path],
         typer.Option(
@@ -61,6 +70,24 @@ def report(
         raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
     check_writable(plot, heatmap, frontier, outcomes)
     records = select(load_records(stores), filters or [])
+    if faults:
+        others = [
+            flag
+            for flag, given in (
+                ("--metric", metric),
+                ("--all-metrics", all_metrics),
+                ("--wide", wide),
+                ("--plot", plot),
+                ("--heatmap", heatmap),
+                ("--frontier", frontier),
+                ("--outcomes", outcomes),
+            )
+            if given
+        ]
+        if others:
+            raise KvinjectError(f"--faults prints a map of its own: give {', '.join(others)} in another report")
+        _fault_map(records, faults.split(","), output_format)
+        return
     df = summarize(records)
     if df.empty:
         raise KvinjectError("no control to compare these records with: a shard's store may lack it; give report the store that holds it too")
@@ -91,3 +118,25 @@ def report(
             console.print("--wide: every column in one table (ci_runs: the 95% interval across runs)", style="dim", highlight=False)
     else:
         print(render(table, output_format))
+
+
+def _fault_map(records: list, by: list[str], output_format: str) -> None:
+    """--faults: the map, a table per model and bench on a terminal."""
+    from ..analysis.faults import campaign_size, fault_map, machine, readable
+    from ..analysis.report import render
+    from ..analysis.tables import report_table
+
+    table = fault_map(records, by)
+    if output_format != "table":
+        print(render(machine(table) if output_format in ("csv", "json") else readable(table, 4), output_format))
+        return
+    for (model, bench), part in readable(table, 3).groupby(["model", "bench"], sort=False):
+        console.print(f"{bench}: single faults, model {Path(str(model)).name}", style="italic", highlight=False)
+        print_table(report_table(part.drop(columns=["model", "bench"])))
+    console.print(
+        f"sdc_ci, due_ci: 95% Wilson intervals; a rate within ±3% at 95% takes {campaign_size(0.03)} faults a row, ±5% {campaign_size(0.05)} "
+        "(Leveugle et al., DATE 2009)",
+        style="dim",
+        highlight=False,
+        soft_wrap=True,
+    )

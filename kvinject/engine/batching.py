@@ -36,6 +36,7 @@ class Generation:
     nonfinite_steps: int  # decoding steps whose logits held NaN or Inf
     first_logits: np.ndarray  # the logits after the prompt
     logits: np.ndarray | None = None  # (steps, n_vocab): the logits of every pick, when asked for
+    faults: list[dict[str, object]] | None = None  # where each fault landed (Context.faults)
 
 
 @dataclass
@@ -118,7 +119,7 @@ def generate_all(
                 active.remove(slot)
                 free.append(slot.seq)
                 rows = np.array(slot.rows) if slot.rows is not None else None
-                yield slot.index, Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, slot.first, rows)
+                yield slot.index, Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, slot.first, rows, ctx.faults(slot.seq))
 
 
 def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop, ignore_eos: bool) -> bool:

@@ -22,6 +22,7 @@ from .positions import Spans
 from .realized import Realized
 from .resident import ResidentCache
 from .residual import ResidualStream
+from .sites import Placed
 from .target import Target
 from .variates import Draws, Variates
 
@@ -161,6 +162,12 @@ class Context:
         """Seed sequence ``seq``'s noise and sampling from (seed, run, ``item``) from here on,
         keeping its cells: a continuation after a context decoded for several."""
         self._seed(seq, [self.seed, self.run, item])
+
+    def faults(self, seq: int) -> list[dict[str, object]] | None:
+        """Where the faults of the item on sequence ``seq`` landed so far (an error model that
+        places a fixed set of changes, ``faults``); None for other models."""
+        draws = self._noise.get(seq)
+        return self.hook.locate(draws) if self.hook is not None and isinstance(draws, Placed) else None
 
     def mark(self, seq: int, spans: Spans) -> None:
         """Name spans of the tokens of sequence ``seq`` (prompt, generated, a benchmark's), by

@@ -36,6 +36,7 @@ from .device import DeviceChange
 from .graph_plan import GraphNode, Plan
 from .perturbation import CacheResident, ErrorModel
 from .realized import Realized, RealizedStats, Workspace
+from .sites import Placed, locate
 from .target import Target
 from .variates import Block, Draws, Variates
 
@@ -70,6 +71,8 @@ class KVHook:
         entry = not isinstance(error, CacheResident)
         self._names = {self._node_name(c, il): (c, il) for c, il in self._expected} if entry else {}
         self._width = sum(self.row[c] for c, _ in self._expected)  # values one token draws per decode
+        self._n_head_kv = n_head_kv
+        self._at: dict[tuple[str, int], int] = {}  # each site's first component in a row of the decode's noise
         self._noise: _DecodeNoise | None = None
         self.plan = Plan({}, {}, {})
         self._host_rows: dict[tuple[int, int, int, int], np.ndarray] = {}
@@ -180,6 +183,10 @@ class KVHook:
             self._segments[:, i] = run
         head[gc.N_SEG] = len(runs)
 
+    def locate(self, placed: Placed) -> list[dict[str, object]]:
+        """Where each change of ``placed`` that its item's decodes read landed (:func:`kvinject.engine.sites.locate`)."""
+        return locate(placed, self._at, self.row, self._width, self._n_head_kv)
+
     @staticmethod
     def _node_name(component: str, layer: int) -> bytes:
         """The graph name of the final K or V of a layer in llama.cpp's model graphs; the
@@ -233,6 +240,7 @@ class KVHook:
         try:
             try:
                 for ptr, site, at in self._queue[:n].tolist():
+                    self._at["kv"[site & 1], site // 2] = at
                     if self._noise is not None:
                         self._noise.at = at
                     self._perturb(ptr, "kv"[site & 1], site // 2, at)

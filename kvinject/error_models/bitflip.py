@@ -12,6 +12,7 @@ import numpy as np
 
 from ..engine import laws
 from ..engine.perturbation import ErrorModel
+from ..engine.sites import Placed
 from ..engine.variates import Draws
 from ..exceptions import InjectionError, SpecError
 from .registry import register
@@ -123,6 +124,12 @@ class _Flips(ErrorModel):
         bits ^= draws.take(x.size).reshape(x.shape)
         x[...] = self._format.decode(bits)
 
+    def describe(self, mask: int) -> dict[str, object]:
+        """A fault's bit and the field of the stored format it lies in, for its record."""
+        bit = mask.bit_length() - 1
+        fmt = self._format
+        return {"bit": bit, "field": next(f for f in ("sign", "exponent", "mantissa") if fmt.mask(f) >> bit & 1), "format": self.format or "f16"}
+
     def unchanged(self, x: np.ndarray) -> np.ndarray:
         """The value in the stored format, which the flips start from: the realized statistics
         count the flips, not that rounding, which the cache makes anyway."""
@@ -195,22 +202,7 @@ class Faults(_Flips):
         at = np.sort(rng.choice(horizon, size=self.count, replace=False))
         uint = self._format.uint
         masks = np.left_shift(uint(1), rng.choice(self._bits(), size=len(at)).astype(uint))
-        return _Faults(at, masks)
-
-
-class _Faults(Draws):
-    """An item's stream of XOR masks holding exactly its faults: ``masks[i]`` at value ``at[i]``
-    of the stream, every other value untouched."""
-
-    def __init__(self, at: np.ndarray, masks: np.ndarray):
-        self._at, self._masks, self._pos = at, masks, 0
-
-    def take(self, n: int) -> np.ndarray:
-        out = np.zeros(n, self._masks.dtype)
-        lo, hi = np.searchsorted(self._at, [self._pos, self._pos + n])
-        out[self._at[lo:hi] - self._pos] = self._masks[lo:hi]
-        self._pos += n
-        return out
+        return Placed(at, masks, self.describe)
 
 
 class _Unplaced(Draws):

@@ -1,0 +1,91 @@
+"""Fault campaigns read per fault: vulnerability maps and campaign size.
+
+A run of ``faults:1`` records, for every item, the site of its one fault (layer, K or V, the
+token's position, KV head, element, bit, the field of the stored format the bit lies in) and
+the item's outcome against the golden run (masked, benign, SDC, DUE: benchmarks/outcomes.py).
+So each item of each run is one injection, and the rates of SDC and DUE per bit position,
+field, layer or component are shares of single-fault injections, with Wilson's interval.
+Items with more than one fault (``faults:K``, K > 1) are left out of the maps: their outcome
+cannot be put down to one site.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+from scipy.stats import norm
+
+from ..benchmarks.outcomes import METRICS as OUTCOMES
+from ..exceptions import KvinjectError
+from .stats import proportion_ci
+
+# What a map can be drawn by: the fields of a recorded fault.
+DIMENSIONS = ("bit", "field", "format", "layer", "kv", "head", "element", "position")
+
+
+def campaign_size(margin: float, confidence: float = 0.95, population: int | None = None, p: float = 0.5) -> int:
+    """Injections for an estimated rate within ±``margin`` at ``confidence``, drawn from a fault
+    population of ``population`` sites (None: so many that it does not matter, as the KV cache's
+    bits of a run are), the rate taken as ``p`` (0.5 is the most cautious): Leveugle, Hubert,
+    Cimonnet and Nicolaidis, "Statistical fault injection: quantified error and confidence",
+    DATE 2009, n = N / (1 + e^2 (N - 1) / (t^2 p (1 - p)))."""
+    if not 0 < margin < 1:
+        raise KvinjectError(f"the margin is a share in (0, 1), e.g. 0.03 for ±3%, got {margin}")
+    if not 0 < confidence < 1:
+        raise KvinjectError(f"the confidence is in (0, 1), e.g. 0.95, got {confidence}")
+    t2pq = norm.ppf(0.5 + confidence / 2) ** 2 * p * (1 - p)
+    if population is None:
+        return math.ceil(t2pq / margin**2)
+    return math.ceil(population / (1 + margin**2 * (population - 1) / t2pq))
+
+
+def fault_map(records: list[dict[str, Any]], by: list[str]) -> pd.DataFrame:
+    """Per model, bench, stored format and value of ``by``: the single-fault injections and the
+    rates of each outcome among them, with Wilson's 95% interval for SDC and DUE. Every
+    configuration's injections are pooled (each drew its sites uniformly from its own space;
+    ``report --filter error=...`` takes one)."""
+    unknown = [b for b in by if b not in DIMENSIONS]
+    if not by or unknown:
+        raise KvinjectError(f"--faults draws maps by {', '.join(DIMENSIONS)} (several comma-separated), got '{','.join(by)}'")
+    by = [b for b in by if b != "format"]  # a column of every map: bit 14 of f16 is not bit 14 of bf16
+    rows: dict[tuple, dict[str, list[float]]] = {}
+    for record in records:
+        faults, items = record.get("faults"), record["items"]
+        if faults is None or not all(o in items for o in OUTCOMES):
+            continue
+        for i, sites in enumerate(faults):
+            if sites is None or len(sites) != 1:
+                continue
+            key = (record["settings"].get("model"), record["settings"]["bench"], sites[0]["format"], *(sites[0][b] for b in by))
+            outcomes = rows.setdefault(key, {o: [] for o in OUTCOMES})
+            for o in OUTCOMES:
+                outcomes[o].append(items[o][i])
+    if not rows:
+        raise KvinjectError("no single-fault injections in these records: --faults maps the runs of faults:1 (a generation bench, with its control)")
+    out = []
+    for key in sorted(rows, key=lambda k: tuple(map(str, k[:2])) + k[2:]):
+        outcomes = rows[key]
+        row: dict[str, Any] = {"model": key[0], "bench": key[1], "format": key[2], **dict(zip(by, key[3:])), "faults": len(outcomes["sdc"])}
+        for o in OUTCOMES:
+            row[o] = sum(outcomes[o]) / len(outcomes[o])
+        for o in ("sdc", "due"):
+            row[f"{o}_ci"] = list(proportion_ci(outcomes[o]))
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def readable(table: pd.DataFrame, digits: int) -> pd.DataFrame:
+    """The map for reading: each interval as one 'low–high' column."""
+    g = f".{digits}g"
+    return table.assign(**{c: [f"{lo:{g}}–{hi:{g}}" for lo, hi in table[c]] for c in ("sdc_ci", "due_ci")})
+
+
+def machine(table: pd.DataFrame) -> pd.DataFrame:
+    """The map for files read by programs (csv, json): each interval's bounds as two columns."""
+    out = table.drop(columns=["sdc_ci", "due_ci"])
+    for c in ("sdc", "due"):
+        out.insert(out.columns.get_loc(c) + 1, f"{c}_low", [lo for lo, _ in table[f"{c}_ci"]])
+        out.insert(out.columns.get_loc(c) + 2, f"{c}_high", [hi for _, hi in table[f"{c}_ci"]])
+    return out

@@ -1,0 +1,57 @@
+"""Where a fixed set of changes lands in the cache (fault campaigns): a stream that holds
+them, and the sites its values map to."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .variates import Draws
+
+
+class Placed(Draws):
+    """A stream of XOR masks holding a fixed set of changes: ``masks[i]`` at value ``at[i]``
+    (sorted), every other value 0 (fault campaigns). It notes the blocks it is read in, one
+    per decode of its item's rows, so that the hook can say where each change landed
+    (:func:`locate`); ``describe(mask)`` names a change for its record."""
+
+    def __init__(self, at: np.ndarray, masks: np.ndarray, describe: Callable[[int], dict[str, object]]):
+        self._at, self._masks, self._pos = at, masks, 0
+        self.describe = describe
+        self.blocks: list[tuple[int, int]] = []  # (first value, values) of each read
+
+    def take(self, n: int) -> np.ndarray:
+        out = np.zeros(n, self._masks.dtype)
+        lo, hi = np.searchsorted(self._at, [self._pos, self._pos + n])
+        out[self._at[lo:hi] - self._pos] = self._masks[lo:hi]
+        self.blocks.append((self._pos, n))
+        self._pos += n
+        return out
+
+    def within(self, start: int, n: int) -> list[tuple[int, int]]:
+        """The changes among values start..start+n: (value, mask)."""
+        lo, hi = np.searchsorted(self._at, [start, start + n])
+        return [(int(a), int(m)) for a, m in zip(self._at[lo:hi], self._masks[lo:hi])]
+
+
+def locate(placed: Placed, at: dict[tuple[str, int], int], row: dict[str, int], width: int, n_head_kv: int) -> list[dict[str, object]]:
+    """Where each change of ``placed`` that its item's decodes read landed: layer, K or V, the
+    token's position in its sequence, KV head and element, and what ``placed`` says of it. An
+    item's rows are decoded from position 0 in consecutive pieces, each reading one block of
+    ``rows * width`` values, laid out site by site as the compiled callback reads them (``at``:
+    each site's first component in a row, ``row``: K's and V's components), then row by row."""
+    sites = sorted(at.items(), key=lambda s: s[1])
+    out: list[dict[str, object]] = []
+    before = 0
+    for start, n in placed.blocks:
+        rows = n // width
+        for value, mask in placed.within(start, n):
+            offset = value - start
+            (component, layer), first = next(s for s in sites if offset < (s[1] + row[s[0][0]]) * rows)
+            r, column = divmod(offset - first * rows, row[component])
+            head_dim = row[component] // n_head_kv
+            site = {"layer": layer, "kv": component, "position": before + r, "head": column // head_dim, "element": column % head_dim}
+            out.append(site | placed.describe(mask))
+        before += rows
+    return out

@@ -149,12 +149,35 @@ def test_kld_is_from_the_control_to_the_configuration():
     rng = np.random.default_rng(0)
     peaked, flat = (rng.normal(size=(6, 40)).astype(np.float32) * scale for scale in (6, 0.5))
     targets = rng.integers(0, 40, 6)
-    scratch, base, tally = _Scratch(6, 40), _Base(6, 40), _Tally()
+    scratch, base, tally = _Scratch(6, 40), _Base(), _Tally()
     _score(_Tally(), peaked.copy(), targets, scratch, None, base)  # the control's chunk
     _score(tally, flat.copy(), targets, scratch, base, None)
     lp, lf = log_softmax(peaked), log_softmax(flat)
     forward, reverse = (np.exp(lp) * (lp - lf)).sum(axis=1).mean(), (np.exp(lf) * (lf - lp)).sum(axis=1).mean()
     assert tally.kld / tally.compared == pytest.approx(forward, rel=1e-5) and max(forward, reverse) > 2 * min(forward, reverse)
+
+
+def test_scoring_in_blocks_of_rows_gives_each_figure_of_the_whole_chunk(monkeypatch):
+    """Rows are scored a block at a time (work arrays of a whole chunk grew to gigabytes at long
+    contexts); each row's arithmetic is the same, so every figure is bit for bit that of one block."""
+    from kvinject.benchmarks import perplexity
+    from kvinject.benchmarks.perplexity import _Base, _score, _Scratch, _Tally
+
+    rng = np.random.default_rng(3)
+    control, job = (rng.normal(size=(7, 50)).astype(np.float32) * scale for scale in (4, 2))
+    targets = rng.integers(0, 50, 7)
+
+    def tallies(block_rows: int) -> list[dict]:
+        monkeypatch.setattr(perplexity, "BLOCK_BYTES", block_rows * 4 * 50)
+        scratch, base, first, second = _Scratch(7, 50), _Base(), _Tally(), _Tally()
+        assert scratch.block == block_rows
+        _score(first, control, targets, scratch, None, base)
+        _score(second, job, targets, scratch, base, None)
+        return [vars(first), vars(second)]
+
+    whole = tallies(7)
+    assert whole[1]["compared"] == 7 and whole[1]["kld"] > 0
+    assert tallies(2) == whole and tallies(1) == whole
 
 
 def test_a_run_compares_each_configuration_with_the_control(tiny):

@@ -3,6 +3,7 @@
 
 import io
 import json
+import math
 import sqlite3
 
 import numpy as np
@@ -122,3 +123,23 @@ def test_a_single_run_s_interval_is_the_bootstrap_over_items():
     neither = pd.Series({"ci_low": np.nan, "ci_high": np.nan, "items_ci": None})
     assert interval(runs) == (0.2, 0.4) and interval(once) == (0.1, 0.5)
     assert all(np.isnan(interval(neither)))
+
+
+def test_a_frontier_draws_percent_of_control_with_its_paired_interval_where_there_is_one():
+    from kvinject.analysis.plots import frontier_points
+
+    # The compressors study's control and kvquant:4 (docs/results-compressors.md): their intervals
+    # over chunks overlap wholly, the paired one of percent of control does not reach 100.
+    rows = pd.DataFrame(
+        [
+            {"mean": 9.910, "ci_low": None, "ci_high": None, "items_ci": [8.59, 11.29], "percent_of_control": None, "percent_ci": None},
+            {"mean": 10.069, "ci_low": None, "ci_high": None, "items_ci": [8.72, 11.47], "percent_of_control": 101.6, "percent_ci": [101.0, 102.2]},
+        ]
+    )
+    relative, y, bounds = frontier_points(rows)
+    assert relative and y.tolist() == [100.0, 101.6]
+    assert math.isnan(bounds[0][0]) and bounds[1] == (101.0, 102.2)
+    # KLD and the like have no percent of control: the score with its interval.
+    absolute = rows.assign(percent_of_control=None, percent_ci=None)
+    relative, y, bounds = frontier_points(absolute)
+    assert not relative and y.tolist() == [9.910, 10.069] and bounds[1] == (8.72, 11.47)

@@ -74,6 +74,7 @@ class PerplexityOptions(Options):
 # Contexts computed side by side: at most MAX_BATCH, and as many as CONTEXT_MEMORY holds.
 MAX_BATCH = 16
 CONTEXT_MEMORY = 2 << 30
+BLOCK_BYTES = 64 << 20  # rows of logits scored at once: float32 work arrays of this size
 
 
 class Perplexity(Benchmark):
@@ -142,16 +143,17 @@ class Perplexity(Benchmark):
 
     def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress, golden: Golden | None = None) -> Iterator[RunResult]:
         """Every job chunk by chunk against the control's probabilities, a batch of jobs at a
-        time: each context holds the logits of a whole decode (100 MB for 512 tokens of a 49K
+        time: each context holds the logits of its scored half (50 MB for 512 tokens of a 49K
         vocabulary), so a profile's 60 jobs at once took 7.7 GB. Each batch recomputes the
         control's probabilities, bit-identical, and its results are yielded when it ends."""
         tokens = self._tokens if self._tokens is not None else self.tokens(model)
         # Stepped chunks decode a few tokens each time: side by side, as generation does.
         n_seq = min(model.chunks_per_decode(self.n_ctx) if not self.options.step else model.parallel, len(self))
         jobs = [(config, run) for config, runs in plan for run in runs]
-        # The logits of a decode (llama.cpp grows its output buffer to the most asked for), and as
-        # much again for the rest; stepped decodes ask for few, their chunks' logits are gathered once.
-        per_context = 2 * n_seq * (self.options.step or self.n_ctx) * model.n_vocab * 4
+        # The logits of a decode (llama.cpp grows its output buffer to the most asked for: the
+        # scored half); stepped decodes ask for few, and their chunks' logits are gathered in two
+        # arrays whatever the jobs. Scoring works on blocks of BLOCK_BYTES.
+        per_context = n_seq * (self.options.step or self.n_ctx - self.n_ctx // 2) * model.n_vocab * 4
         size = max(2, min(MAX_BATCH, CONTEXT_MEMORY // per_context))
         rest = jobs[1:]
         for i in range(0, max(len(rest), 1), size - 1):
@@ -166,7 +168,7 @@ class Perplexity(Benchmark):
         add_bos = ll.llama_vocab_get_add_bos(model.vocab)
         tallies = [_Tally() for _ in jobs]
         scratch = _Scratch(scored - 1, model.n_vocab)
-        bases = [_Base(scored - 1, model.n_vocab) for _ in range(n_seq)] if len(jobs) > 1 else []
+        bases = [_Base() for _ in range(n_seq)] if len(jobs) > 1 else []
         contexts = [Context(model, c.cache, c.error, c.target, seed=seed, run=r, n_ctx=n_seq * n_ctx, n_seq=n_seq, n_batch=n_seq * n_ctx) for c, r in jobs]
         try:
             for group in range(0, len(self), n_seq):
@@ -182,7 +184,7 @@ class Perplexity(Benchmark):
                     ctx.clear()
                     for s, chunk in enumerate(chunks):
                         ctx.begin_item(chunk, s, len(pieces[s]))
-                    logits = self._decode(ctx, entries, len(pieces), scratch)
+                    logits = self._decode(ctx, entries, len(pieces), scratch, control=job == 0)
                     for s in range(len(pieces)):
                         rows = logits[s * scored : (s + 1) * scored - 1]
                         if job == 0:  # the control, kept for the others to compare with
@@ -199,7 +201,7 @@ class Perplexity(Benchmark):
             if job or with_control:
                 yield self._result(config, run, tally, ctx)
 
-    def _decode(self, ctx, entries: list[tuple[int, int, int, bool]], n_seq: int, scratch: _Scratch) -> np.ndarray:
+    def _decode(self, ctx, entries: list[tuple[int, int, int, bool]], n_seq: int, scratch: _Scratch, control: bool) -> np.ndarray:
         """The scored logits of ``n_seq`` chunks' entries, sequence by sequence: from one decode,
         or with ``step`` the unscored half at once and then STEP scored positions a decode."""
         n_ctx, first = self.n_ctx, self.n_ctx // 2
@@ -209,7 +211,7 @@ class Perplexity(Benchmark):
             ctx.decode(entries)
             return ctx.output_logits(n_seq * scored)
         ctx.decode([e for e in entries if e[1] < first])
-        out = scratch.stepped(n_seq * scored)
+        out = scratch.stepped(n_seq * scored, control)
         for start in range(first, n_ctx, step):
             stop = min(start + step, n_ctx)
             ctx.decode([e for e in entries if start <= e[1] < stop])
@@ -248,42 +250,45 @@ class Perplexity(Benchmark):
 
 
 class _Scratch:
-    """Work arrays of one chunk's scored logits, allocated once: a fresh 50 MB array per chunk
-    costs more in page faults than the arithmetic (5x, measured right after a decode)."""
+    """Work arrays for scoring a block of rows at a time, allocated once: a fresh 50 MB array per
+    chunk costs more in page faults than the arithmetic (5x, measured right after a decode), and
+    arrays of a whole chunk's rows grew with the context (Gemma 3's 262,144-token vocabulary at
+    --ctx 8192: 4.3 GB each, three of them beside llama.cpp's own logits)."""
 
     def __init__(self, rows: int, n_vocab: int):
-        self.shifted = np.empty((rows, n_vocab), dtype=np.float32)
+        self.block = max(1, min(rows, BLOCK_BYTES // (4 * n_vocab)))
+        self.shifted = np.empty((self.block, n_vocab), dtype=np.float32)
         self.work = np.empty_like(self.shifted)
-        self._stepped = np.empty((0, n_vocab), dtype=np.float32)
+        self.p = np.empty_like(self.shifted)
+        self._stepped = {role: np.empty((0, n_vocab), dtype=np.float32) for role in (True, False)}
 
-    def stepped(self, rows: int) -> np.ndarray:
-        """Room for the scored logits of stepped decodes."""
-        if len(self._stepped) < rows:
-            self._stepped = np.empty((rows, self._stepped.shape[1]), dtype=np.float32)
-        return self._stepped[:rows]
+    def stepped(self, rows: int, control: bool) -> np.ndarray:
+        """Room for the scored logits of stepped decodes: the control's own, which the other
+        jobs' comparisons read after their decodes, and one for the others."""
+        if len(self._stepped[control]) < rows:
+            self._stepped[control] = np.empty((rows, self._stepped[control].shape[1]), dtype=np.float32)
+        return self._stepped[control][:rows]
 
 
 class _Base:
-    """The control's probabilities of one chunk, which the other jobs are compared with."""
+    """The control's scored logits of one chunk, read in place (its context decodes nothing
+    else until every job has been compared with it), and what each row's comparison needs."""
 
-    def __init__(self, rows: int, n_vocab: int):
-        self.p = np.empty((rows, n_vocab), dtype=np.float32)
+    def __init__(self) -> None:
         self.valid = False
 
-    def fill(self, scratch: _Scratch, lse: np.ndarray, logp_target: np.ndarray) -> None:
-        logp = np.subtract(scratch.shifted, lse[:, None].astype(np.float32), out=scratch.work)
-        np.exp(logp, out=self.p)
-        self.p_sum = self.p.sum(axis=1, dtype=np.float64)
-        self.neg_entropy = np.multiply(self.p, logp, out=scratch.work).sum(axis=1, dtype=np.float64)
-        self.top = scratch.shifted.argmax(axis=1)
-        self.logp_target = logp_target
-        self.valid = True
+    def probabilities(self, lo: int, hi: int, out: np.ndarray) -> np.ndarray:
+        """Rows lo..hi of the control's probabilities, float32 as llama-perplexity's."""
+        np.subtract(self.logits[lo:hi], self.top[lo:hi], out=out)
+        np.subtract(out, self.lse[lo:hi, None].astype(np.float32), out=out)
+        return np.exp(out, out=out)
 
 
 def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, scratch: _Scratch, base: _Base | None, keep: _Base | None) -> None:
     """Fold one chunk's scored logits into ``tally``, compared with the control's ``base``
     when valid; fill ``keep`` for the other jobs to compare with. As in llama-perplexity,
-    exponentials are float32 and sums float64."""
+    exponentials are float32 and sums float64; rows are scored a block at a time, each row's
+    figures as from the whole chunk at once."""
     top = logits.max(axis=1, keepdims=True)
     if not (np.isfinite(top).all() and np.isfinite(logits.min(axis=1)).all()):
         tally.nonfinite += 1
@@ -292,25 +297,40 @@ def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, scratch: _Scr
         if keep is not None:
             keep.valid = False
         return
-    shifted = np.subtract(logits, top, out=scratch.shifted)
-    lse = np.log(np.exp(shifted, out=scratch.work).sum(axis=1, dtype=np.float64))
-    rows = np.arange(len(targets))
-    logp_target = shifted[rows, targets] - lse
+    n = len(targets)
+    compare = base is not None and base.valid
+    lse, logp_target, argmax = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64)
+    cross = np.empty(n) if compare else None
+    if keep is not None:
+        keep.logits, keep.top, keep.lse, keep.p_sum, keep.neg_entropy = logits, top, lse, np.empty(n), np.empty(n)
+    for lo in range(0, n, scratch.block):
+        hi = min(lo + scratch.block, n)
+        shifted = np.subtract(logits[lo:hi], top[lo:hi], out=scratch.shifted[: hi - lo])
+        lse[lo:hi] = np.log(np.exp(shifted, out=scratch.work[: hi - lo]).sum(axis=1, dtype=np.float64))
+        logp_target[lo:hi] = shifted[np.arange(hi - lo), targets[lo:hi]] - lse[lo:hi]
+        argmax[lo:hi] = shifted.argmax(axis=1)
+        if compare:
+            # KL(base || this) = sum p_b log p_b - sum p_b (shifted - lse), without forming log p.
+            p = base.probabilities(lo, hi, scratch.p[: hi - lo])
+            cross[lo:hi] = np.multiply(p, shifted, out=scratch.work[: hi - lo]).sum(axis=1, dtype=np.float64)
+        if keep is not None:
+            logp = np.subtract(shifted, lse[lo:hi, None].astype(np.float32), out=scratch.work[: hi - lo])
+            p = np.exp(logp, out=scratch.p[: hi - lo])
+            keep.p_sum[lo:hi] = p.sum(axis=1, dtype=np.float64)
+            keep.neg_entropy[lo:hi] = np.multiply(p, logp, out=scratch.work[: hi - lo]).sum(axis=1, dtype=np.float64)
     nll = -logp_target
     tally.nll += float(nll.sum())
     tally.nll2 += sumsq(nll)
     tally.count += len(nll)
     tally.chunk_nll.append(float(nll.mean()))
-    if base is None or not base.valid:
+    if not compare:
         for chunks in (tally.chunk_kld, tally.chunk_same_top, tally.chunk_dp2):
             chunks.append(math.nan)
     else:
-        # KL(base || this) = sum p_b log p_b - sum p_b (shifted - lse), without forming log p.
-        cross = np.multiply(base.p, shifted, out=scratch.work).sum(axis=1, dtype=np.float64)
         kld = base.neg_entropy - cross + lse * base.p_sum
         tally.kld += float(kld.sum())
         tally.chunk_kld.append(float(kld.mean()))
-        same = int(np.count_nonzero(base.top == shifted.argmax(axis=1)))
+        same = int(np.count_nonzero(base.argmax == argmax))
         dp2 = sumsq(np.exp(logp_target) - np.exp(base.logp_target))
         tally.same_top += same
         tally.dp2 += dp2
@@ -318,4 +338,4 @@ def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, scratch: _Scr
         tally.chunk_same_top.append(same / len(targets))
         tally.chunk_dp2.append(dp2 / len(targets))
     if keep is not None:
-        keep.fill(scratch, lse, logp_target)
+        keep.argmax, keep.logp_target, keep.valid = argmax, logp_target, True

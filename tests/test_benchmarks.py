@@ -149,7 +149,7 @@ def test_kld_is_from_the_control_to_the_configuration():
     rng = np.random.default_rng(0)
     peaked, flat = (rng.normal(size=(6, 40)).astype(np.float32) * scale for scale in (6, 0.5))
     targets = rng.integers(0, 40, 6)
-    scratch, base, tally = _Scratch(6, 40), _Base(), _Tally()
+    scratch, base, tally = _Scratch(6, 40), _Base(6, 40), _Tally()
     _score(_Tally(), peaked.copy(), targets, scratch, None, base)  # the control's chunk
     _score(tally, flat.copy(), targets, scratch, base, None)
     lp, lf = log_softmax(peaked), log_softmax(flat)
@@ -159,7 +159,8 @@ def test_kld_is_from_the_control_to_the_configuration():
 
 def test_scoring_in_blocks_of_rows_gives_each_figure_of_the_whole_chunk(monkeypatch):
     """Rows are scored a block at a time (work arrays of a whole chunk grew to gigabytes at long
-    contexts); each row's arithmetic is the same, so every figure is bit for bit that of one block."""
+    contexts), and a long context's control probabilities are computed again per job instead of
+    kept; each row's arithmetic is the same, so every figure is bit for bit that of one block."""
     from kvinject.benchmarks import perplexity
     from kvinject.benchmarks.perplexity import _Base, _score, _Scratch, _Tally
 
@@ -167,10 +168,11 @@ def test_scoring_in_blocks_of_rows_gives_each_figure_of_the_whole_chunk(monkeypa
     control, job = (rng.normal(size=(7, 50)).astype(np.float32) * scale for scale in (4, 2))
     targets = rng.integers(0, 50, 7)
 
-    def tallies(block_rows: int) -> list[dict]:
+    def tallies(block_rows: int, kept: bool = True) -> list[dict]:
         monkeypatch.setattr(perplexity, "BLOCK_BYTES", block_rows * 4 * 50)
-        scratch, base, first, second = _Scratch(7, 50), _Base(), _Tally(), _Tally()
-        assert scratch.block == block_rows
+        monkeypatch.setattr(perplexity, "BASE_BYTES", 7 * 50 * 4 if kept else 0)
+        scratch, base, first, second = _Scratch(7, 50), _Base(7, 50), _Tally(), _Tally()
+        assert scratch.block == block_rows and (base.p is not None) == kept
         _score(first, control, targets, scratch, None, base)
         _score(second, job, targets, scratch, base, None)
         return [vars(first), vars(second)]
@@ -178,6 +180,7 @@ def test_scoring_in_blocks_of_rows_gives_each_figure_of_the_whole_chunk(monkeypa
     whole = tallies(7)
     assert whole[1]["compared"] == 7 and whole[1]["kld"] > 0
     assert tallies(2) == whole and tallies(1) == whole
+    assert tallies(7, kept=False) == whole and tallies(3, kept=False) == whole, "the control's probabilities computed again"
 
 
 def test_a_run_compares_each_configuration_with_the_control(tiny):

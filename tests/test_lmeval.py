@@ -319,3 +319,31 @@ def test_faults_are_placed_in_each_request_s_context(tiny_path):
     lm = KvinjectLM(model=str(tiny_path), parallel=4, max_length=64, error="faults:1,bit=14")
     got = lm.loglikelihood([request("The cat sat on the", c) for c in (" mat", " roof of it", " sofa")], disable_tqdm=True)
     assert len(got) == 3 and lm.realized.k.values + lm.realized.v.values > 0
+
+
+def test_a_pass_fail_headline_gets_wilson_and_exact_mcnemar_a_graded_one_the_bootstrap_and_wilcoxon():
+    """The lmeval bench's score is pass/fail for acc, exact_match and IFEval's prompt-level
+    accuracies, graded for f1 and the like: its tests follow the values, as kvinject's own benches
+    declare theirs (issue 31's IFEval run: 13 of 100 prompts right, 7 under normal:0,0.25, b=10, c=4)."""
+    from kvinject.analysis.aggregate import aggregate
+    from kvinject.benchmarks.base import RunResult
+    from kvinject.benchmarks.lmeval import LMEval
+    from kvinject.engine.realized import Realized
+    from kvinject.error_models.configuration import Configuration
+
+    clean = [1.0] * 13 + [0.0] * 87
+    noisy = [1.0] * 3 + [0.0] * 10 + [1.0] * 4 + [0.0] * 83
+    graded = [v * 0.5 + 0.25 for v in clean], [v * 0.5 + 0.2 for v in noisy]
+
+    def rows(control, treated):
+        results = [
+            RunResult("lmeval", Configuration.parse(spec), 0, {"score": float(np.mean(v))}, {"score": v}, Realized.empty())
+            for spec, v in (("none", control), ("normal:0,0.25", treated))
+        ]
+        return aggregate(LMEval, results, LMEval.Options.parse({"task": ["x"]}))
+
+    control, treated = rows(clean, noisy)
+    assert (control["items_ci_method"], treated["test"]["test"], treated["test"]["b"], treated["test"]["c"]) == ("wilson", "mcnemar_exact", 10, 4)
+    assert treated["test"]["p_value"] == pytest.approx(0.1796, abs=1e-4)
+    control, treated = rows(*graded)
+    assert (control["items_ci_method"], treated["test"]["test"]) == ("bootstrap", "wilcoxon")

@@ -85,9 +85,11 @@ def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], opti
             # Item weights, the same in every run; records stored before they were have none.
             weighing = _matrix(group, bench.weights[metric]) if metric in bench.weights else None
             weights = weighing[0] if weighing is not None else None
+            control_matrix = _matrix(control, item_metric)
+            passes = item_metric in binary or (item_metric in bench.binary_if_zero_one and _zero_one(matrix) and _zero_one(control_matrix))
             # One run of pass/fail values: the Wilson interval, which a percentile bootstrap
             # shrinks to a point at 0 of n (a fault campaign's SDC rate) or n of n.
-            proportion = matrix is not None and matrix.shape[0] == 1 and item_metric in binary
+            proportion = matrix is not None and matrix.shape[0] == 1 and passes
             items_ci = None if matrix is None else proportion_ci(matrix) if proportion else bootstrap_ci(matrix, weights=weights)
             if items_ci is not None and transform is not None:
                 items_ci = tuple(transform(x) for x in items_ci)
@@ -107,9 +109,13 @@ def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], opti
                 "changed_nothing": nothing,
                 "test": None,
             }
-            control_matrix = _matrix(control, item_metric)
             if label != control_label and matrix is not None and control_matrix is not None and np.isfinite(control_matrix).any():
-                row["test"] = compare_to_control(control_matrix, matrix, binary=item_metric in binary).to_dict()
+                row["test"] = compare_to_control(control_matrix, matrix, binary=passes).to_dict()
                 row["diff_ci"], row["percent_ci"] = map(list, paired_bootstrap(control_matrix, matrix, transform, weights=weights))
             out.append(row)
     return out
+
+
+def _zero_one(matrix: np.ndarray | None) -> bool:
+    """Every value given is 0 or 1 (NaN, an item not scored, left out)."""
+    return matrix is not None and bool(np.isin(matrix[np.isfinite(matrix)], (0.0, 1.0)).all())

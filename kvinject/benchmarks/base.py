@@ -100,6 +100,9 @@ class Benchmark(ABC):
     secondary: ClassVar[tuple[str, ...]] = ()  # also shown in the tables
     higher_is_better: ClassVar[dict[str, bool]]
     binary: ClassVar[frozenset[str]] = frozenset()  # per-item metrics that are pass/fail
+    # per-item metrics that are pass/fail where every item's value is 0 or 1 (a score whose
+    # kind depends on the task: lm-eval's acc and exact_match are, its f1 is not)
+    binary_if_zero_one: ClassVar[frozenset[str]] = frozenset()
     # metric -> (per-item metric, transform of its mean over items, vectorized as numpy's ufuncs)
     # for metrics that are not a mean over items
     proxies: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {}

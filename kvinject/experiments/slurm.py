@@ -200,7 +200,7 @@ def _scheduler(command: list[str]) -> str:
         raise SlurmError(f"{command[0]} not found: --slurm works where SLURM's commands are (a cluster's login node); --dry-run shows the script anywhere")
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SlurmError(f"{' '.join(command[:2])} failed: {done.stderr.strip() or done.stdout.strip()}")
+        raise SlurmError(f"{command[0]} failed: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout
 
 

@@ -227,6 +227,7 @@ def test_both_directions_score_each_document_alike(tmp_path, tiny_path):
         ({"task": ("kvinject_tiny_choice",), "shots_data": "x.jsonl"}, "--shots-data goes with --data"),
         ({"task": ("kvinject_tiny_rolling",), "data": str(FIXTURES / "items.jsonl")}, "kvinject_tiny_rolling scores no document on its own"),
         ({"task": ("kvinject_tiny_choice", "kvinject_tiny_generate")}, "score by different metrics"),
+        ({"task": ("kvinject_tiny_generate",), "gen_kwargs": "top_p=0.9"}, "--gen-kwargs sets do_sample, max_gen_toks, temperature, until, got 'top_p=0.9'"),
     ],
 )
 def test_the_lmeval_bench_refuses_what_it_cannot_run_in_one_line(options, message, monkeypatch):
@@ -347,3 +348,18 @@ def test_a_pass_fail_headline_gets_wilson_and_exact_mcnemar_a_graded_one_the_boo
     assert treated["test"]["p_value"] == pytest.approx(0.1796, abs=1e-4)
     control, treated = rows(*graded)
     assert (control["items_ci_method"], treated["test"]["test"]) == ("bootstrap", "wilcoxon")
+
+
+def test_the_lmeval_bench_passes_generation_settings_to_the_tasks(tiny, monkeypatch):
+    """--gen-kwargs reaches every generation request, as lm-eval's --gen_kwargs: a cap of one token
+    writes fewer values to the cache than the task's own six."""
+    monkeypatch.chdir(FIXTURES)
+    from kvinject.benchmarks import make_bench
+    from kvinject.error_models.configuration import Configuration
+
+    def values(**options):
+        bench = make_bench("lmeval", {"task": ("kvinject_tiny_generate",), "include_path": str(FIXTURES), **options})
+        (result,) = bench.evaluate(tiny, [(Configuration.parse("normal:0,0.5"), [0])], 0, lambda n: None)
+        return result.realized.k.values
+
+    assert values(gen_kwargs="max_gen_toks=1") < values()

@@ -32,6 +32,7 @@ class LMEvalOptions(Options):
     include_path: str | None = option(None, "A folder of lm-eval task YAMLs (lm-eval's --include_path).")
     num_fewshot: int | None = option(None, "Few-shot examples (lm-eval's --num_fewshot; default: the task's).", minimum=0)
     chat: bool = option(False, "Through the model's chat template (lm-eval's --apply_chat_template).")
+    gen_kwargs: str | None = option(None, "Generation settings of the tasks' generation requests, as lm-eval's --gen_kwargs: max_gen_toks=100.")
     max_length: int = option(2048, "Tokens of one sequence (rolling windows; longer contexts are cut from the start).", minimum=2)
 
 
@@ -50,10 +51,12 @@ class LMEval(Benchmark):
         if not self.options.task:
             raise DataError("lmeval: name the tasks with --task (lm-eval's names, e.g. gsm8k; `lm-eval ls tasks` lists them)")
         try:
-            from ..lmeval.tasks import task_set
+            from ..lmeval.tasks import check_gen_kwargs, task_set
         except ImportError:
             raise DataError("the lmeval bench needs lm-evaluation-harness: pip install 'kvinject[lm-eval]'") from None
         o = self.options
+        if o.gen_kwargs is not None:
+            check_gen_kwargs(o.gen_kwargs)
         self.tasks = task_set(o.task, [TASKS, *filter(None, [o.include_path])], o.data, o.shots_data)
         self.docs = self.tasks.docs(o.limit)
         self.headlines = self.tasks.headlines()
@@ -72,6 +75,7 @@ class LMEval(Benchmark):
             "limit": o.limit,
             "num_fewshot": o.num_fewshot,
             "chat": o.chat,
+            **({"gen_kwargs": o.gen_kwargs} if o.gen_kwargs is not None else {}),  # the store keys of runs without it stay
             "max_length": o.max_length,
             "docs": self.docs,
             "headlines": self.headlines,
@@ -89,7 +93,7 @@ class LMEval(Benchmark):
                 start = time.perf_counter()
                 lm = KvinjectLM.on(model, config, seed, run, self.options.max_length)
                 try:
-                    scores = evaluate(lm, self.tasks, self.headlines, self.options.limit, self.options.num_fewshot, self.options.chat)
+                    scores = evaluate(lm, self.tasks, self.headlines, self.options.limit, self.options.num_fewshot, self.options.chat, self.options.gen_kwargs)
                     realized, bits = lm.realized, lm.context.bits_per_element
                 finally:
                     lm.close()

@@ -19,7 +19,7 @@ from lm_eval.tasks import TaskManager
 from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's own reader of task YAMLs (includes, !function)
 
 from ..exceptions import DataError
-from .model import KvinjectLM
+from .model import GEN_KWARGS, KvinjectLM
 
 # lm-eval's dataset builders by the suffix of a local file.
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -108,7 +108,23 @@ class Scores:
     items: list[float]
 
 
-def evaluate(lm: KvinjectLM, tasks: TaskSet, headlines: dict[str, str], limit: int | None, num_fewshot: int | None, chat: bool) -> Scores:
+def check_gen_kwargs(text: str) -> None:
+    """``--gen-kwargs`` as lm-eval reads it, refused in one line before any model loads where it
+    does not parse or names a setting kvinject's model does not honor."""
+    from lm_eval.utils import simple_parse_args_string
+
+    try:
+        given = simple_parse_args_string(text)
+    except ValueError:
+        raise DataError(f"lmeval: --gen-kwargs takes KEY=VALUE pairs separated by commas, as lm-eval's --gen_kwargs (max_gen_toks=100), got '{text}'") from None
+    unknown = sorted(set(given) - GEN_KWARGS)
+    if not given or unknown:
+        raise DataError(f"lmeval: --gen-kwargs sets {', '.join(sorted(GEN_KWARGS))}, got '{text}'")
+
+
+def evaluate(
+    lm: KvinjectLM, tasks: TaskSet, headlines: dict[str, str], limit: int | None, num_fewshot: int | None, chat: bool, gen_kwargs: str | None = None
+) -> Scores:
     """lm-eval's evaluation of ``tasks`` with ``lm``: its prompts, few-shot examples, filters
     and metrics; each document's value of its task's headline metric (:meth:`TaskSet.headlines`)."""
     shown = io.StringIO()
@@ -123,6 +139,7 @@ def evaluate(lm: KvinjectLM, tasks: TaskSet, headlines: dict[str, str], limit: i
                 log_samples=True,
                 bootstrap_iters=0,  # kvinject's own intervals and tests come from the per-item values
                 apply_chat_template=chat,
+                gen_kwargs=gen_kwargs,
             )
     except Exception:
         sys.stderr.write(shown.getvalue()[-4000:])  # what lm-eval said before it failed

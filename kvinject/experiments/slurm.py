@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..exceptions import KvinjectError
-from .grid import MAX_CELLS, load_grid
+from .grid import MAX_CELLS, Grid, load_grid
 from .store import Store
-from .sweep import Planned, Sweep
+from .sweep import Planned, Sweep, shard_of
 
 RUN_FILE = "run.json"
 SCRIPT = "job.sh"
@@ -163,13 +163,14 @@ class SlurmRun:
     def status(self) -> list[TaskStatus]:
         """Each task's state in the scheduler and what its store holds."""
         states = _states([s["job"] for s in self.submissions])
-        grid = load_grid(self.grid, self.max_cells)
+        _, planned = _plan(load_grid(self.grid, self.max_cells))
         out = []
         for task in range(self.tasks):
             job = next((s["job"] for s in reversed(self.submissions) if task in s["tasks"]), None)
             state = "not submitted" if job is None else states.get((job, task), "ended")
-            planned = _planned(grid, self.store(task), (task, self.tasks))
-            out.append(TaskStatus(task, state, job, len(planned), sum(not p.runs for p in planned), sum(len(p.runs) for p in planned), self.store(task)))
+            done = _done(self.store(task))
+            left = [Planned(p.cell, p.key, [r for r in p.runs if (p.key, r) not in done]) for p in _task(planned, task, self.tasks)]
+            out.append(TaskStatus(task, state, job, len(left), sum(not p.runs for p in left), sum(len(p.runs) for p in left), self.store(task)))
         return out
 
     def unfinished(self) -> tuple[list[int], list[int]]:
@@ -181,18 +182,27 @@ class SlurmRun:
 
 def plan_tasks(grid_path: Path, options: SlurmOptions) -> list[tuple[list[Planned], float]]:
     """Before submitting: each task's cells and its estimated seconds (nothing is written)."""
-    grid = load_grid(grid_path, options.max_cells)
-    out = []
-    for task in range(options.tasks):
-        sweep = Sweep(grid, Store(Path(":memory:")), (task, options.tasks))
-        planned = sweep.plan()
-        out.append((planned, sweep.estimate_seconds(planned)))
-    return out
+    sweep, planned = _plan(load_grid(grid_path, options.max_cells))
+    return [(cells, sweep.estimate_seconds(cells)) for cells in (_task(planned, task, options.tasks) for task in range(options.tasks))]
 
 
-def _planned(grid, store: Path, shard: tuple[int, int]) -> list[Planned]:
-    with Store(store, readonly=True) if store.exists() else Store(Path(":memory:")) as s:
-        return Sweep(grid, s, shard).plan()
+def _plan(grid: Grid) -> tuple[Sweep, list[Planned]]:
+    """Every cell of the grid with all its runs, planned once for all tasks: the benches load
+    their data and the models are hashed once, not once a task."""
+    sweep = Sweep(grid, Store(Path(":memory:")))
+    return sweep, sweep.plan()
+
+
+def _task(planned: list[Planned], task: int, tasks: int) -> list[Planned]:
+    """The cells array task ``task`` runs: shard task/tasks, as its `sweep --shard` takes them."""
+    return [p for p in planned if shard_of(p.cell, tasks) == task]
+
+
+def _done(store: Path) -> set[tuple[str, int]]:
+    if not store.exists():
+        return set()
+    with Store(store, readonly=True) as s:
+        return s.done()
 
 
 def _scheduler(command: list[str]) -> str:

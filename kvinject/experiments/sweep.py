@@ -33,13 +33,18 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def shard_of(cell: Cell, n: int) -> int:
+    """Which of n shards holds the cell: its group's (a group shares a model, bench and seed,
+    and its control), chosen by a hash of the group so the split does not depend on the file order."""
+    return int(hashlib.sha256(repr(cell.group).encode()).hexdigest(), 16) % n
+
+
 def shard_cells(cells: list[Cell], shard: tuple[int, int] | None) -> list[Cell]:
-    """A deterministic 1/n of the cell groups (a group shares a model, bench and seed, and its
-    control), chosen by a hash of the group so the split does not depend on the file order."""
+    """A deterministic 1/n of the cell groups (:func:`shard_of`)."""
     if shard is None:
         return cells
     i, n = shard
-    return [c for c in cells if int(hashlib.sha256(repr(c.group).encode()).hexdigest(), 16) % n == i]
+    return [c for c in cells if shard_of(c, n) == i]
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Read K and V back out of a llama context's cache, through llama.cpp's own state export.
 
 The tests use it to measure what actually reached the cache. It understands the state of one
-sequence of an f32, f16 or bf16 cache, V transposed (flash attention off) or not.
+sequence of an f32, f16 or bf16 cache, V transposed (flash attention off) or not, and gives a
+q8_0 or q4_0 cache's rows as their bytes.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from llama_cpp import llama_cpp as ll
 
 MAGIC = 0xAF143CD8
 DTYPES = {0: np.float32, 1: np.float16, 30: np.uint16}  # ggml types an exact float32 copy can be read from (30: bf16)
+BLOCKS = {8: "q8_0", 2: "q4_0"}  # quantized types read as bytes
 
 
 def read_cache(ctx, seq: int = 0) -> dict[tuple[str, int], np.ndarray]:
-    """{(component, layer): float32 array of shape (cells, row)} for sequence ``seq``, cells in cache order."""
+    """{(component, layer): float32 array of shape (cells, row)} for sequence ``seq``, cells in cache
+    order (a quantized cache: uint8 (cells, row bytes))."""
     return read_cells(ctx, seq)[1]
 
 
@@ -49,7 +52,11 @@ def read_cells(ctx, seq: int = 0) -> tuple[np.ndarray, dict[tuple[str, int], np.
         for layer in range(n_layer):
             transposed = component == "v" and v_trans  # one row per component: type, element size, components
             typ, size = take("iI" if transposed else "iQ")  # element or row size
-            assert typ in DTYPES, "only an f32, f16 or bf16 cache can be read back exactly"
+            if typ in BLOCKS and not transposed:
+                out[component, layer] = np.frombuffer(data, np.uint8, cells * size, pos).reshape(cells, size)
+                pos += cells * size
+                continue
+            assert typ in DTYPES, "only an f32, f16 or bf16 cache can be read back exactly, q8_0 and q4_0 as bytes"
             shape = (take("I"), cells) if transposed else (cells, size // np.dtype(DTYPES[typ]).itemsize)
             rows = np.frombuffer(data, DTYPES[typ], shape[0] * shape[1], pos).reshape(shape)
             pos += rows.nbytes

@@ -7,7 +7,7 @@ from kvinject.exceptions import SpecError
 
 def perturb(spec: str, x: np.ndarray, seed: int = 0) -> np.ndarray:
     model = parse_error(spec)
-    draws = model.stream(np.random.default_rng(seed), x.size)  # an item whose prompt wrote all of x
+    draws = model.stream(np.random.default_rng(seed), (x.size, 0))  # an item whose prompt wrote all of x
     y = x.copy()
     model.apply(y, draws)
     return y
@@ -132,8 +132,10 @@ def test_specs_that_would_run_less_than_their_label_says_are_refused():
     """faults:K was capped at the values a prompt writes, and evict:streaming,B,sinks=S at B - 1
     sinks, with the label and store key keeping the number asked for."""
     with pytest.raises(SpecError, match="at most 100"):
-        parse_error("faults:1000000000,bit=3").stream(np.random.default_rng(0), 100)
-    assert parse_error("faults:100,bit=3").stream(np.random.default_rng(0), 100).take(100).all()
+        parse_error("faults:1000000000,bit=3").stream(np.random.default_rng(0), (100, 0))
+    with pytest.raises(SpecError, match="whose generated tokens may write 0 values to the targeted layers: ask for at most 0"):
+        parse_error("faults:1,stage=generated").stream(np.random.default_rng(0), (100, 0))
+    assert parse_error("faults:100,bit=3").stream(np.random.default_rng(0), (100, 0)).take(100).all()
     with pytest.raises(SpecError, match="at most 3 sinks"):
         parse_error("evict:streaming,4,sinks=8")
     parse_error("evict:streaming,4,sinks=3")

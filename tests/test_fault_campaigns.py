@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
-from scipy.stats import binomtest
+from scipy.stats import binomtest, chisquare
 
-from kvinject.analysis.faults import campaign_size, fault_map
+from kvinject.analysis.faults import fault_map
+from kvinject.error_models import parse_error
 from kvinject.exceptions import KvinjectError
+from kvinject.experiments.campaign import campaign_margin, campaign_size
 from kvinject.experiments.store import Store
 
 from .cli_runs import kvinject, swept
@@ -29,6 +32,41 @@ from .tiny_model import N_HEAD_KV, TINY
 )
 def test_campaign_size_follows_the_finite_population_formula(margin, confidence, population, n):
     assert campaign_size(margin, confidence, population) == n
+
+
+@pytest.mark.parametrize(
+    "spec, bits_per_value, values",
+    [
+        ("faults:1,format=f16", 16, range(0, 64)),
+        ("faults:1,field=exponent,format=bf16", 8, range(0, 64)),
+        ("faults:1,format=q8_0", 8 + 16 / 32, range(0, 64)),  # a block: 32 codes of 8 bits and a 16-bit scale
+        ("faults:1,field=scale,format=q4_0", 16 / 32, range(0, 64)),
+        ("faults:1,field=code,format=q4_0,stage=generated", 4, range(64, 128)),
+        ("faults:1,field=sign,format=f32,stage=any", 1, range(0, 128)),
+    ],
+)
+def test_faults_are_drawn_uniformly_over_every_bit_they_may_hit(spec, bits_per_value, values):
+    """Over many items' draws (a prompt writing 64 values, its generated tokens 64 more), each
+    (value, bit) the spec allows is hit equally often (chi-square against the uniform, 30 expected
+    per site), and only values of its stage: the space a campaign samples."""
+    model = parse_error(spec)
+    sites = int(len(values) * bits_per_value)
+    rng = np.random.default_rng(7)
+    hits: dict[tuple[int, int], int] = {}
+    for _ in range(30 * sites):
+        masks = model.stream(rng, (64, 64)).take(128)
+        (value,) = np.nonzero(masks)[0]
+        hits[value, int(masks[value])] = hits.get((value, int(masks[value])), 0) + 1
+    assert len(hits) == sites and {v for v, _ in hits} <= set(values)
+    assert chisquare(list(hits.values())).pvalue > 0.001
+
+
+@pytest.mark.parametrize("injections, confidence", [(1068, 0.95), (385, 0.95), (16588, 0.99)])
+def test_a_campaign_s_size_reaches_its_margin(injections, confidence):
+    """campaign_margin inverts the formula for an unbounded population: the sizes above are the
+    fewest injections that reach ±3%, ±5% and ±1%."""
+    margin = {1068: 0.03, 385: 0.05, 16588: 0.01}[injections]
+    assert campaign_margin(injections, confidence) <= margin < campaign_margin(injections - 1, confidence)
 
 
 def test_campaign_size_refuses_shares_out_of_range():
@@ -81,19 +119,46 @@ def test_a_map_counts_each_single_fault_once_with_wilson_intervals():
 
 
 def test_a_campaign_records_every_fault_and_report_maps_them(tmp_path, tiny_path):
-    store = swept(tmp_path, f'[sweep]\nmodels = ["{tiny_path}"]\nruns = 3\n\n[bench.nexttoken]\nlimit = 8\n\n[[errors]]\nspec = ["faults:1"]\n')
+    """A grid's margin sizes the campaign: ±20% at 95% takes 25 injections (1.96² / 4 / 0.2²
+    = 24.01), 4 runs of 8 items, where the grid's runs say 1; the dry run says so."""
+    grid = f'[sweep]\nmodels = ["{tiny_path}"]\nruns = 1\nmargin = 0.2\n\n[bench.nexttoken]\nlimit = 8\n\n[[errors]]\nspec = ["faults:1"]\n'
+    (tmp_path / "grid.toml").write_text(grid)
+    dry = kvinject("sweep", tmp_path / "grid.toml", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "fault campaign: 32 injections (items x runs) in each configuration placing faults, a rate within ±17.3% at 95%" in dry.stdout
+    store = swept(tmp_path, grid)
     with Store(store, readonly=True) as s:
         records = [r for r in s.records() if not r["settings"]["control"]]
     sites = [site for r in records for item in r["faults"] for site in item]
-    assert len(records) == 3 and all(len(item) == 1 for r in records for item in r["faults"]) and len(sites) == 3 * 8
+    assert len(records) == 4 and all(len(item) == 1 for r in records for item in r["faults"]) and len(sites) == 4 * 8
     assert {s["kv"] for s in sites} <= {"k", "v"} and all(0 <= s["layer"] < TINY.n_layer and 0 <= s["head"] < N_HEAD_KV for s in sites)
     assert all(0 <= s["bit"] < 16 and s["format"] == "f16" for s in sites)
     out = kvinject("report", store, "--faults", "field", "--format", "json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
-    assert sum(r["faults"] for r in rows) == 3 * 8
+    assert sum(r["faults"] for r in rows) == 4 * 8
     assert all(r["masked"] + r["benign"] + r["sdc"] + r["due"] == pytest.approx(1) and r["sdc_low"] <= r["sdc"] <= r["sdc_high"] for r in rows)
     table = kvinject("report", store, "--faults", "bit")
     assert table.returncode == 0 and "1068 faults a row" in table.stdout, table.stderr
     mixed = kvinject("report", store, "--faults", "bit", "--plot", tmp_path / "x.png")
     assert mixed.returncode == 2 and "--faults prints a map of its own: give --plot in another report" in mixed.stderr
+
+
+def test_each_cache_gets_its_golden_run_where_the_grid_asks(tmp_path, tiny_path):
+    """sweep.control_per_cache: a configuration is compared with the control of its own cache
+    types, so an error that changes nothing leaves every item masked in a q8_0 cache as in an
+    f16 one (against the f16 control, the q8_0 items would differ by quantization alone)."""
+    grid = (
+        f'[sweep]\nmodels = ["{tiny_path}"]\nruns = 1\ncaches = ["f16", "q8_0"]\ncontrol_per_cache = true\n\n'
+        '[bench.nexttoken]\nlimit = 8\n\n[[errors]]\nspec = ["normal:0,0"]\n'
+    )
+    with Store(swept(tmp_path, grid), readonly=True) as s:
+        records = list(s.records())
+    controls = {r["settings"]["cache"]["type_k"] for r in records if r["settings"]["control"]}
+    assert controls == {"f16", "q8_0"}
+    treated = {r["settings"]["cache"]["type_k"]: r for r in records if not r["settings"]["control"]}
+    assert set(treated) == {"f16", "q8_0"}
+    assert all(r["settings"]["control_cache"] == f"{c}/{c}" and r["items"]["masked"] == [1.0] * 8 for c, r in treated.items())
+    out = kvinject("report", tmp_path / "grid.results.sqlite", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert [r["configuration"] for r in json.loads(out.stdout) if r["p"] is None] == ["none", "none @q8_0"], "each its own control"

@@ -188,8 +188,8 @@ class InPython(ErrorModel):
     def random(self):
         return self.inner.random
 
-    def stream(self, rng, horizon):
-        return self.inner.stream(rng, horizon)
+    def stream(self, rng, span):
+        return self.inner.stream(rng, span)
 
     def apply(self, x, draws):
         self.inner.apply(x, draws)

@@ -109,6 +109,20 @@ def test_the_stored_format_is_the_cache_s():
         Configuration.parse("bitflip:0.1@f32/q8_0")
     with pytest.raises(SpecError, match=r"bit must be in 0..15 \(the bits of bf16\)"):
         parse_error("bitflip:0.1,bit=16,format=bf16")
+    # faults flip a q8_0 or q4_0 cache's blocks (bitflip keeps fp16); other quantized caches are refused.
+    assert stored("faults:1@q8_0") == "faults:1,field=any,format=q8_0"
+    assert stored("faults:1,field=scale,bit=15@q4_0", "k") == "faults:1,field=scale,bit=15,format=q4_0"
+    assert stored("faults:1,format=f16@q8_0") == "faults:1,field=any,format=f16", "the float before quantization, when asked"
+    with pytest.raises(SpecError, match=r"bit must be in 0..3 \(the bits of a q4_0 code\)"):
+        Configuration.parse("faults:1,field=code,bit=5@q4_0")
+    with pytest.raises(SpecError, match="flips bits of q8_0 and q4_0 blocks, not of a q4_1 cache's: give format=f16"):
+        Configuration.parse("faults:1@q4_1")
+    with pytest.raises(SpecError, match=r"field=scale is a quantized block's, and this cache stores K as f16 and V as f16: give a q8_0"):
+        Configuration.parse("faults:1,field=scale")
+    with pytest.raises(SpecError, match="flips bits of q8_0 blocks, and this cache stores K as q8_0 and V as f16: target one"):
+        Configuration.parse("faults:1@q8_0/f16")
+    with pytest.raises(SpecError, match="give field=scale or field=code"):
+        parse_error("faults:1,bit=3,format=q8_0")
 
 
 # The fields of each format by their definitions (IEEE 754 binary16 and binary32; bfloat16 is
@@ -156,7 +170,78 @@ def test_faults_flip_exactly_k_values_of_each_prompt_and_nothing_else(tiny, fmt,
         assert {(f["kv"], f["position"], f["head"] * HEAD_DIM + f["element"]) for f in sites} == found
         field = next(f for f, (lo, hi) in FIELDS[fmt].items() if lo <= bit <= hi)
         assert all(f["layer"] == 1 and f["bit"] == bit and f["field"] == field and f["format"] == fmt for f in sites)
-        assert all(0 <= f["position"] < len(prompt) and 0 <= f["head"] < N_HEAD_KV for f in sites)
+        assert all(0 <= f["position"] < len(prompt) and f["stage"] == "prompt" and 0 <= f["head"] < N_HEAD_KV for f in sites)
+
+
+def _block_bit(block_bytes: int, code_bits: int, row_element: int, field: str, bit: int) -> tuple[int, int]:
+    """The byte of a cache row and the bit in it that a fault names, from ggml-common.h's block
+    definitions: 32 values a block, the fp16 scale d first (little-endian), then q8_0's int8
+    codes (value j at byte 2 + j) or q4_0's nibbles (value j < 16 low in byte 2 + j, j + 16 high)."""
+    block, j = divmod(row_element, 32)
+    start = block * block_bytes
+    if field == "scale":
+        return start + bit // 8, bit % 8
+    if code_bits == 8:
+        return start + 2 + j, bit
+    return start + 2 + j % 16, bit + (4 if j >= 16 else 0)
+
+
+@pytest.mark.parametrize(
+    "fmt,spec,n_batch",
+    [("q8_0", "faults:3", 512), ("q8_0", "faults:2,field=scale", 4), ("q4_0", "faults:3,field=code", 5), ("q4_0", "faults:2,field=scale,bit=14", 512)],
+)
+def test_faults_in_a_quantized_cache_flip_exactly_k_bits_of_its_blocks(tiny, fmt, spec, n_batch):
+    """A q8_0 or q4_0 cache's faults land in the blocks llama.cpp stored: in the last layer, each
+    item's prompt rows differ from the control's in exactly K bits, each the scale's or a code's
+    bit its record names; the first layer is untouched. A small batch decodes prompts in pieces."""
+    block_bytes, code_bits = {"q8_0": (34, 8), "q4_0": (18, 4)}[fmt]
+    cache = CacheOptions(fmt, fmt, "on")
+    prompts = [tiny.tokenize("The quick brown fox jumps over the lazy dog."), tiny.tokenize("One two three four five six seven eight nine ten eleven.")]
+    caches, recorded, realized = {}, {}, {}
+    for s in ("none", spec):
+        config = Configuration.parse(f"{s}@{fmt}", Target.parse("kv", "1"))
+        with Context(tiny, cache, config.error, Target.parse("kv", "1"), seed=5, n_ctx=128, n_batch=n_batch) as ctx:
+            done = {i: (read_cells(ctx), gen.faults) for i, gen in generate_all(ctx, prompts, 4, items=[0, 1])}
+            caches[s], recorded[s] = [done[i][0] for i in range(2)], [done[i][1] for i in range(2)]
+            realized[s] = ctx.realized.summary()
+    k = int(spec.split(":")[1].split(",")[0])
+    field = "scale" if "scale" in spec else "code" if "code" in spec else None
+    assert sum(realized[spec][c]["changed"] for c in "kv") >= 2 * k, "every fault changes at least the value it lies in"
+    for i, prompt in enumerate(prompts):
+        (clean_pos, clean), (faulty_pos, faulty) = caches["none"][i], caches[spec][i]
+        rows = {name: np.argsort(pos)[: len(prompt)] for name, pos in (("clean", clean_pos), ("faulty", faulty_pos))}
+
+        def xor(c, layer):
+            return clean[c, layer][rows["clean"]] ^ faulty[c, layer][rows["faulty"]]
+
+        assert not any(xor(c, 0).any() for c in "kv"), "the first layer is untouched"
+        assert sum(int(np.unpackbits(xor(c, 1)).sum()) for c in "kv") == k, "exactly K bits differ"
+        found = {(c, int(p), int(b), int(x).bit_length() - 1) for c in "kv" for p, b in zip(*np.nonzero(xor(c, 1))) for x in [xor(c, 1)[p, b]]}
+        sites = recorded[spec][i]
+        assert all(f["layer"] == 1 and f["format"] == fmt and (field is None or f["field"] == field) for f in sites)
+        assert "bit=14" not in spec or all(f["bit"] == 14 for f in sites)
+        named = {(f["kv"], f["position"], *_block_bit(block_bytes, code_bits, f["head"] * HEAD_DIM + f["element"], f["field"], f["bit"])) for f in sites}
+        assert named == found
+
+
+def test_faults_in_generated_tokens_leave_the_prompt_and_the_first_pick_alone(tiny):
+    """stage=generated places every fault in the K/V of generated tokens: the prompt's rows are
+    the control's in every layer, the first token picked (from the prompt alone) is the
+    control's, and each fault is recorded at a generated position, all K of them changed."""
+    prompts = [tiny.tokenize("The quick brown fox jumps over the lazy dog."), tiny.tokenize("One two three four five six seven eight nine ten eleven.")]
+    out = {}
+    for spec in ("none", "faults:2,bit=14,stage=generated"):
+        with Context(tiny, CacheOptions("f16", "f16", "on"), parse_error(spec), seed=3, n_ctx=128) as ctx:
+            out[spec] = {i: (read_cells(ctx), gen) for i, gen in generate_all(ctx, prompts, 6, items=[0, 1], ignore_eos=True)}
+            assert sum(s["changed"] for s in ctx.realized.summary().values()) == (2 * len(prompts) if spec != "none" else 0)
+    for i, prompt in enumerate(prompts):
+        (clean_pos, clean), golden = out["none"][i]
+        (faulty_pos, faulty), gen = out["faults:2,bit=14,stage=generated"][i]
+        assert gen.tokens[0] == golden.tokens[0]
+        for key in clean:
+            assert np.array_equal(clean[key][np.argsort(clean_pos)[: len(prompt)]], faulty[key][np.argsort(faulty_pos)[: len(prompt)]])
+        assert len(gen.faults) == 2
+        assert all(f["stage"] == "generated" and len(prompt) <= f["position"] < len(prompt) + 5 for f in gen.faults)
 
 
 def test_faults_need_an_item_s_prompt(tiny):

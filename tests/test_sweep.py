@@ -98,6 +98,12 @@ def test_ranges_expand_and_the_cells_are_the_cross_product(tmp_path):
         (("runs = 2", "runs = 2\nparallel = 'x'"), "sweep.parallel must be an integer"),
         (("ctx = 64", "ctx = 2.5"), r"\[bench.perplexity\] ctx must be an integer, got 2.5"),
         (("chunks = 1", "chunks = 1\ndata = 3"), r"\[bench.perplexity\] data must be a non-empty string"),
+        (("runs = 2", "runs = 2\nmargin = 3"), r"\[sweep\] the margin is a share in \(0, 1\), e.g. 0.03 for ±3%, got 3"),
+        (("runs = 2", "runs = 2\nmargin = 0.03\nconfidence = '95%'"), "sweep.margin and sweep.confidence must be numbers"),
+        (("runs = 2", "runs = 2\nconfidence = 0.9"), "sweep.confidence goes with sweep.margin"),
+        (("runs = 2", "runs = 2\ncontrol_per_cache = 1"), "sweep.control_per_cache must be true or false, got 1"),
+        (("std = [0.25, 0.5]", "std = [0.25, 0.5]\ncache = 3"), r"errors\[0\].cache must be cache types such as 'q8_0'"),
+        (("runs = 2", "runs = 2\ncontrol_per_cache = true"), r"'none @bf16' stores K/V as bf16/bf16, which has no control: add it to sweep.caches"),
     ],
 )
 def test_a_bad_grid_names_the_key(tmp_path, change, message):

@@ -1,7 +1,8 @@
-"""Fault campaigns read per fault: vulnerability maps and campaign size.
+"""Fault campaigns read per fault: vulnerability maps (campaign size: kvinject/experiments/campaign.py).
 
 A run of ``faults:1`` records, for every item, the site of its one fault (layer, K or V, the
-token's position, KV head, element, bit, the field of the stored format the bit lies in) and
+token's position and stage (a prompt's token or a generated one), KV head, element, bit, the
+field of the stored format the bit lies in: sign, exponent, mantissa, or a block's scale or code) and
 the item's outcome against the golden run (masked, benign, SDC, DUE: benchmarks/outcomes.py).
 So each item of each run is one injection, and the rates of SDC and DUE per bit position,
 field, layer or component are shares of single-fault injections, with Wilson's interval.
@@ -11,34 +12,16 @@ cannot be put down to one site.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
-from scipy.stats import norm
 
 from ..benchmarks.outcomes import METRICS as OUTCOMES
 from ..exceptions import KvinjectError
 from .stats import proportion_ci
 
 # What a map can be drawn by: the fields of a recorded fault.
-DIMENSIONS = ("bit", "field", "format", "layer", "kv", "head", "element", "position")
-
-
-def campaign_size(margin: float, confidence: float = 0.95, population: int | None = None, p: float = 0.5) -> int:
-    """Injections for an estimated rate within ±``margin`` at ``confidence``, drawn from a fault
-    population of ``population`` sites (None: so many that it does not matter, as the KV cache's
-    bits of a run are), the rate taken as ``p`` (0.5 is the most cautious): Leveugle, Hubert,
-    Cimonnet and Nicolaidis, "Statistical fault injection: quantified error and confidence",
-    DATE 2009, n = N / (1 + e^2 (N - 1) / (t^2 p (1 - p)))."""
-    if not 0 < margin < 1:
-        raise KvinjectError(f"the margin is a share in (0, 1), e.g. 0.03 for ±3%, got {margin}")
-    if not 0 < confidence < 1:
-        raise KvinjectError(f"the confidence is in (0, 1), e.g. 0.95, got {confidence}")
-    t2pq = norm.ppf(0.5 + confidence / 2) ** 2 * p * (1 - p)
-    if population is None:
-        return math.ceil(t2pq / margin**2)
-    return math.ceil(population / (1 + margin**2 * (population - 1) / t2pq))
+DIMENSIONS = ("bit", "field", "format", "layer", "kv", "head", "element", "position", "stage")
 
 
 def fault_map(records: list[dict[str, Any]], by: list[str]) -> pd.DataFrame:
@@ -58,7 +41,8 @@ def fault_map(records: list[dict[str, Any]], by: list[str]) -> pd.DataFrame:
         for i, sites in enumerate(faults):
             if sites is None or len(sites) != 1:
                 continue
-            key = (record["settings"].get("model"), record["settings"]["bench"], sites[0]["format"], *(sites[0][b] for b in by))
+            site = {"stage": "prompt"} | sites[0]  # faults recorded before stages were named all lay in prompts
+            key = (record["settings"].get("model"), record["settings"]["bench"], site["format"], *(site[b] for b in by))
             outcomes = rows.setdefault(key, {o: [] for o in OUTCOMES})
             for o in OUTCOMES:
                 outcomes[o].append(items[o][i])

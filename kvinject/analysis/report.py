@@ -109,11 +109,12 @@ def _canonical(key: str, value: str) -> str:
 
 
 def _experiment(record: dict[str, Any]) -> str:
-    """What a record is compared within: model file, bench, options, seed and the backend
-    settings labels leave out (flash attention, rotation, as requested: one per run or grid)."""
+    """What a record is compared within: model file, bench, options, seed, the backend settings
+    labels leave out (flash attention, rotation, as requested: one per run or grid) and, where a
+    grid gave each cache its own control, the cache types of that control."""
     s = record["settings"]
     backend = [s["cache"].get(k) for k in ("flash_attn", "kv_rotation")]
-    return repr((s["model_sha256"], s["bench"], sorted(s["options"].items()), s["seed"], backend))
+    return repr((s["model_sha256"], s["bench"], sorted(s["options"].items()), s["seed"], backend, s.get("control_cache")))
 
 
 def _result(record: dict[str, Any]) -> RunResult:
@@ -149,6 +150,8 @@ def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
         flat = _flat(ordered[0])
         experiment = {k: v for k, v in flat.items() if k in ("model", "bench", "seed") or k.startswith("option.")}
         experiment["model_sha256"] = ordered[0]["settings"]["model_sha256"][:12]
+        if "control_cache" in ordered[0]["settings"]:
+            experiment["control_cache"] = ordered[0]["settings"]["control_cache"]
         realized, cache = {}, {}
         for r in ordered:
             realized.setdefault(r["label"], []).append(r["realized"]["k"].get("rel_err_std"))
@@ -278,7 +281,7 @@ def terminal_tables(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 def experiment_ids(df: pd.DataFrame) -> pd.Series:
     """Each row's experiment (model file, bench, options, seed, backend: what shares a control),
     as a hashable key."""
-    keys = [c for c in ("model_sha256", "bench", "seed", "flash_attn", "kv_rotation") if c in df.columns]
+    keys = [c for c in ("model_sha256", "bench", "seed", "flash_attn", "kv_rotation", "control_cache") if c in df.columns]
     keys += sorted(c for c in df.columns if c.startswith("option."))
     return df[keys].apply(lambda row: repr(list(row)), axis=1)
 

@@ -122,9 +122,10 @@ def report(
 
 def _fault_map(records: list, by: list[str], output_format: str) -> None:
     """--faults: the map, a table per model and bench on a terminal."""
-    from ..analysis.faults import campaign_size, fault_map, machine, readable
+    from ..analysis.faults import fault_map, machine, readable
     from ..analysis.report import render
     from ..analysis.tables import report_table
+    from ..experiments.campaign import campaign_size
 
     table = fault_map(records, by)
     if output_format != "table":

@@ -106,6 +106,7 @@ def sweep(
     if slurm_given:
         raise KvinjectError(f"{', '.join(slurm_given)} go{'es' if len(slurm_given) == 1 else ''} with --slurm (or --status, --resubmit)")
     from ..engine.llama_log import set_verbose
+    from ..experiments.campaign import campaign_margin
     from ..experiments.grid import bench_labels, load_grid
     from ..experiments.store import Store
     from ..experiments.sweep import Sweep, default_store, parse_shard
@@ -144,6 +145,12 @@ def sweep(
                 f"{grid}: {count(len(planned), 'cell')}{f' (shard {shard})' if shard else ''}, {count(runs_left, 'run')} left"
                 + (f", {being} of them being computed by workers now" if being else "")
             )
+            campaigns = sorted({(n, p.cell.campaign[1] if p.cell.campaign else 0.95) for p in planned if (n := sw.injections(p.cell))})
+            for n, confidence in campaigns:
+                print(
+                    f"fault campaign: {n} injections (items x runs) in each configuration placing faults, a rate within "
+                    f"±{campaign_margin(n, confidence):.1%} at {confidence:.0%} (sweep.margin sets them)"
+                )
             if runs_left:
                 print(f"estimate: about {max(minutes, 1):.0f} min on 2 CPU cores, timed on the default model (docs/performance.md)")
             print(f"store: {store or default_store(grid, parsed_shard)}")

@@ -92,7 +92,8 @@ def generate_all(
         while queue and free:
             index, seq = queue.popleft(), free.pop()
             if items is not None:
-                ctx.begin_item(items[index], seq, len(prompts[index]))
+                # Of max_tokens picked, all but the last are decoded (fault campaigns place faults in them).
+                ctx.begin_item(items[index], seq, len(prompts[index]), max(0, min(max_tokens, ctx.n_ctx_seq - len(prompts[index])) - 1))
             else:
                 ctx.forget(seq)
             n = len(prompts[index])

@@ -26,6 +26,12 @@ INDEX_CAPACITY = 16  # distinct index tensors per decode (one per cache and comp
 _CACHE_NAME = re.compile(rb"cache_\w*?([kv])_l(\d+)$")
 
 
+def cache_site(name: bytes) -> tuple[str, int] | None:
+    """(component, layer) of a cache tensor by its name, or None for another tensor."""
+    match = _CACHE_NAME.match(name)
+    return (match[1].decode(), int(match[2])) if match else None
+
+
 @dataclass(frozen=True)
 class Writes:
     """One decode's cache writes."""
@@ -84,8 +90,7 @@ class CacheWrites:
 
     def _site(self, tensor: int) -> tuple[str, int] | None:
         if tensor not in self._sites:
-            match = _CACHE_NAME.match(ggml.tensor(tensor).name)
-            self._sites[tensor] = (match[1].decode(), int(match[2])) if match else None
+            self._sites[tensor] = cache_site(ggml.tensor(tensor).name)
         return self._sites[tensor]
 
     def reset(self) -> None:

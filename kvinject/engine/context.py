@@ -144,19 +144,20 @@ class Context:
             self.hook.learn(lambda: self._llama_decode([(model.bos, 0, 0, False)]))
             self.clear()
 
-    def _seed(self, seq: int, key: list[int], tokens: int | None = None) -> None:
+    def _seed(self, seq: int, key: list[int], tokens: int | None = None, generated: int = 0) -> None:
         if self.hook is not None:
-            self._noise[seq] = self.hook.stream(np.random.default_rng(key), tokens)
+            self._noise[seq] = self.hook.stream(np.random.default_rng(key), tokens, generated)
         self._sampling[seq] = np.random.default_rng([*key, 1])
 
-    def begin_item(self, item: int, seq: int = 0, tokens: int | None = None) -> None:
+    def begin_item(self, item: int, seq: int = 0, tokens: int | None = None, generated: int = 0) -> None:
         """Start benchmark item ``item`` on sequence ``seq``: an empty cache for it, and noise
         and sampling seeded from (seed, run, item) whichever sequence and batch it runs in.
-        ``tokens``: the item's prompt length, for error models that place faults in it."""
+        ``tokens``: the item's prompt length, and ``generated``: how many tokens may be decoded
+        after it, for error models that place faults in them."""
         if seq >= self.n_seq:
             raise ValueError(f"sequence {seq} out of range: the context has {self.n_seq}")
         self.forget(seq)
-        self._seed(seq, [self.seed, self.run, item], tokens)
+        self._seed(seq, [self.seed, self.run, item], tokens, generated)
 
     def reseed(self, item: int, seq: int) -> None:
         """Seed sequence ``seq``'s noise and sampling from (seed, run, ``item``) from here on,

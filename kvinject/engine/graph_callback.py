@@ -14,7 +14,8 @@ item's stream of kvinject/engine/variates.py), the rows and the components of a 
 (``--positions``, ``--heads``) and the realized-error sums.
 Multiplicative error models on host memory are applied here, their factors computed in the
 same pass, with their realized-error sums, and so is rounding to a minifloat;
-anything else (other models, device memory) is handed back to a Python function. For
+anything else (other models, device memory) is handed back to a Python function, and so is
+each cache write once computed where a model flips bits of the stored blocks. For
 cache-resident models it records instead where each decode writes K and V in the cache
 (:mod:`kvinject.engine.cache_writes`), and for those that evict by attention it claims each layer's
 attention weights and sums them (:mod:`kvinject.engine.attention`). To measure layer-wise divergence
@@ -52,7 +53,8 @@ CLAIMS = 45  # claimed nodes computed so far: each one a graph split
 RESID, RESID_CAP, RESID_EMBD, RESID_LAYERS, RESID_TABLE = range(46, 51)  # each layer's output (kvinject/engine/residual.py)
 QUEUE, N_QUEUED = range(51, 53)  # changes of one claim left to Python: (tensor, site, at) triples, how many
 COLUMNS_K, COLUMNS_V = range(53, 55)  # --heads: which components of a K or V row get the error (0: all)
-HEADER = 55
+WRITTEN = 55  # a Python function called with each cache write once computed (faults in quantized blocks), or 0
+HEADER = 56
 LAW_SLOTS = 5
 
 # Modes.
@@ -115,6 +117,12 @@ def _call_void(context, builder, signature, args):
 def _python_apply(typingctx, function, n):
     """The hook's Python fallback for the first ``n`` (tensor, site, at) triples of its queue,
     called through its ctypes address."""
+    return types.void(types.int64, types.int64), _call_void
+
+
+@intrinsic
+def _python_written(typingctx, function, tensor):
+    """The hook's Python function for a computed cache write ``tensor``, called through its ctypes address."""
     return types.void(types.int64, types.int64), _call_void
 
 
@@ -447,6 +455,8 @@ def _copy_residual(head, t, layer):
 def callback(t, ask, user_data):
     head = carray(_i64(user_data), HEADER)
     if ask == 0:
+        if head[WRITTEN] != 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:
+            _python_written(head[WRITTEN], t)
         if head[ATTN] != 0 and _is_soft_max(t):
             _add_attention(head, t)
         if head[RESID] != 0:
@@ -470,6 +480,8 @@ def callback(t, ask, user_data):
         return 1
     claimed = _ask(head, t)
     if claimed == 0 and head[RESID] != 0 and _l_out_layer(t) >= 0:  # claimed: copied once computed
+        return 1
+    if claimed == 0 and head[WRITTEN] != 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:  # after _ask, which changes what it writes
         return 1
     return claimed
 

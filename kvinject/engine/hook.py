@@ -31,14 +31,15 @@ from ..exceptions import InjectionError, ModelError
 from . import device, ggml
 from . import graph_callback as gc
 from .attention import AttentionSums
+from .blocks import BlockFaults
 from .cache_writes import CacheWrites, Writes
 from .device import DeviceChange
 from .graph_plan import GraphNode, Plan
 from .perturbation import CacheResident, ErrorModel
-from .realized import Realized, RealizedStats, Workspace
+from .realized import Realized, RealizedStats, Staging, Workspace
 from .sites import Placed, locate
 from .target import Target
-from .variates import Block, Draws, Variates
+from .variates import Block, DecodeNoise, Draws, Variates
 
 # The Python side of changes the compiled callback hands back: how many (tensor, site, at) it queued.
 _APPLY = ctypes.CFUNCTYPE(None, ctypes.c_int64)
@@ -73,12 +74,12 @@ class KVHook:
         self._width = sum(self.row[c] for c, _ in self._expected)  # values one token draws per decode
         self._n_head_kv = n_head_kv
         self._at: dict[tuple[str, int], int] = {}  # each site's first component in a row of the decode's noise
-        self._noise: _DecodeNoise | None = None
+        self._noise: DecodeNoise | None = None
         self.plan = Plan({}, {}, {})
         self._host_rows: dict[tuple[int, int, int, int], np.ndarray] = {}
         self._device: DeviceChange | None = None  # device memory changed where it is (kvinject/engine/device.py)
         self._device_tried = self._device_laid_out = False
-        self._staged = {"k": _Staging(), "v": _Staging()}
+        self._staged = {"k": Staging(), "v": Staging()}
         self._work = Workspace()
         self._error: BaseException | None = None
         # The compiled callback's state; ctypes and numpy must keep all of it alive as long
@@ -105,6 +106,10 @@ class KVHook:
         self._law = np.zeros(gc.LAW_SLOTS, np.float64)
         self._law[: len(law or ())] = law or ()
         self._python_apply = _APPLY(self._apply)
+        # Faults in quantized blocks: taken where K/V enter, flipped in the blocks once llama.cpp
+        # has written them (:meth:`_written`), before attention reads them.
+        self._blocks = BlockFaults(error.blocks) if error.blocks else None
+        self._python_written = _APPLY(self._written)
         self._queue = np.zeros((2 * n_layer, 3), np.int64)
         self._head = head = np.zeros(gc.HEADER, np.int64)
         head[gc.QUEUE] = self._queue.ctypes.data
@@ -122,6 +127,7 @@ class KVHook:
         head[gc.NATIVE] = law is not None
         head[gc.PRE_ROPE] = error.pre_rope
         head[gc.PYTHON_APPLY] = ctypes.cast(self._python_apply, ctypes.c_void_p).value
+        head[gc.WRITTEN] = ctypes.cast(self._python_written, ctypes.c_void_p).value if self._blocks else 0
         head[gc.IS_HOST], head[gc.IS_CONTIGUOUS] = (
             ctypes.cast(fn, ctypes.c_void_p).value for fn in (ggml.lib().ggml_backend_buffer_is_host, ggml.lib().ggml_is_contiguous)
         )
@@ -141,10 +147,10 @@ class KVHook:
         evicts by attention; ``n_cells``: the context's cells)."""
         self.attention = AttentionSums(self._head, n_cells)
 
-    def stream(self, rng: np.random.Generator, tokens: int | None = None) -> Draws | Variates | None:
-        """A noise stream for one benchmark item of ``tokens`` prompt tokens, if known (None for
-        error models without randomness)."""
-        return self.error.stream(rng, tokens * self._width if tokens is not None else None)
+    def stream(self, rng: np.random.Generator, tokens: int | None = None, generated: int = 0) -> Draws | Variates | None:
+        """A noise stream for one benchmark item of ``tokens`` prompt tokens, if known, and up to
+        ``generated`` tokens decoded after them (None for error models without randomness)."""
+        return self.error.stream(rng, (tokens * self._width, generated * self._width) if tokens is not None else None)
 
     def layout(self, segments: list[tuple[Draws | None, int]], mask: np.ndarray | None = None) -> None:
         """Announce the next decode: runs of consecutive batch rows, each with the noise stream
@@ -170,7 +176,7 @@ class KVHook:
             head[gc.N_SEG] = 0
             return
         if self.error.random:
-            self._noise = noise = _DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments])
+            self._noise = noise = DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments])
             if not head[gc.NATIVE]:
                 return
             runs = [(np.uint64(block.variates.key).view(np.int64), block.start, rows) for block, rows in noise.blocks]
@@ -253,6 +259,9 @@ class KVHook:
 
     def _perturb(self, ptr: int, component: str, layer: int, at: int) -> None:
         t = ggml.tensor(ptr)
+        if self._blocks is not None:  # the values enter unchanged; their blocks are flipped once written
+            self._blocks.stage(component, layer, self._noise.take(ggml.numel(t)).reshape(-1, self.row[component]))
+            return
         x = self._host_rows.get((ptr, t.data, t.ne[2], t.ne[3]))
         if x is None:
             x = self._rows(ptr, t, component)
@@ -278,6 +287,19 @@ class KVHook:
             if keep is not None:
                 after.reshape(x)[keep] = before.reshape(x)[keep]
             ggml.lib().ggml_backend_tensor_set(ptr, after.ctypes.data, 0, after.nbytes)
+
+    @interrupts.callback
+    def _written(self, ptr: int) -> None:
+        """A cache write computed: flip the bits of its blocks this decode's faults name, and
+        account for the change in values."""
+        try:
+            changed = self._blocks.written(ptr)
+            if changed is not None:
+                component, before, after = changed
+                getattr(self._python_realized, component).add(before, after, 1, self._work)
+        except BaseException as e:  # an exception must not cross into C; raised after the decode
+            if self._error is None:
+                self._error = e
 
     def _rows(self, ptr: int, t: ggml.GgmlTensor, component: str) -> np.ndarray | tuple[int, int]:
         """A (rows, row) float32 view of host memory, or the (rows, row) shape of device
@@ -358,6 +380,8 @@ class KVHook:
                 writes.check(self._expected)
                 self._decodes += 1
                 return writes if self.attention is None else replace(writes, attention=self.attention.read(self._n_layer))
+            if self._blocks is not None:
+                self._blocks.check_written()
             hits = self._sites[self._expected_rows, gc.HITS]
             if (hits != 1).any():
                 missing = sorted(("kv"[s & 1], s // 2) for s, n in zip(self._expected_rows.tolist(), hits.tolist()) if n == 0)
@@ -437,6 +461,8 @@ class KVHook:
         self._head[gc.RUN_SITE] = -1
         self._head[gc.ERROR] = 0
         self._noise = None
+        if self._blocks is not None:
+            self._blocks.clear()
         if self._device_laid_out:  # a failed decode's: dropped
             self._device.fold(keep=False)
             self._device_laid_out = False
@@ -451,46 +477,3 @@ class KVHook:
 def _site(component: str, layer: int) -> int:
     """A K or V's row in the compiled callback's tables."""
     return 2 * layer + (component == "v")
-
-
-class _Staging:
-    """The values before and after the change at each site of one decode, for K or for V, in
-    arrays kept from decode to decode (fresh arrays every decode cost page faults)."""
-
-    def __init__(self) -> None:
-        self.before = self.after = np.empty(0, np.float32)
-        self.n = 0  # values staged in this decode
-        self.sites = 0
-
-    def slots(self, size: int) -> tuple[np.ndarray, np.ndarray]:
-        end = self.n + size
-        if end > self.before.size:
-            capacity = max(end, 2 * self.before.size)
-            self.before = np.concatenate([self.before[: self.n], np.empty(capacity - self.n, np.float32)])
-            self.after = np.concatenate([self.after[: self.n], np.empty(capacity - self.n, np.float32)])
-        slots = self.before[self.n : end], self.after[self.n : end]
-        self.n, self.sites = end, self.sites + 1
-        return slots
-
-    def clear(self) -> None:
-        self.n = self.sites = 0
-
-
-class _DecodeNoise:
-    """The noise of one decode for error models applied in Python, site by site.
-
-    Each segment's stream reserved ``rows * width`` values (``blocks``: arrays, or blocks of
-    kvinject/engine/variates.py computed when sliced); a site whose rows hold ``r`` components each
-    takes ``r`` per row from component ``at`` on, the layout the compiled callback reads too,
-    so a stream is consumed site by site exactly as when its rows are decoded alone.
-    """
-
-    def __init__(self, blocks: list[tuple[np.ndarray | Block, int]]):
-        self.blocks = blocks
-        self._rows = sum(rows for _, rows in blocks)
-        self.at = 0  # components per row consumed before the current site
-
-    def take(self, n: int) -> np.ndarray:
-        r = n // self._rows  # whole rows: the compiled callback checked the cache write's size
-        pieces = [block[self.at * rows : (self.at + r) * rows] for block, rows in self.blocks]
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

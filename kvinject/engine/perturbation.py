@@ -22,6 +22,7 @@ from ..values import parse_float, parse_int
 from .variates import Draws, Variates
 
 if TYPE_CHECKING:
+    from .blocks import BlockFormat
     from .model import Model
     from .options import CacheOptions
     from .realized import Realized
@@ -101,14 +102,21 @@ class ErrorModel(ABC):
         return None
 
     @property
+    def blocks(self) -> BlockFormat | None:
+        """The quantized blocks whose bits this model flips in the cache once llama.cpp has
+        written them (kvinject/engine/blocks.py); None: it changes K and V as they enter."""
+        return None
+
+    @property
     def device_law(self) -> tuple[float, ...] | None:
         """What the device kernel computes on K/V in GPU memory (kvinject/engine/laws.py): ``law``, or a
         kind only the device computes. None: the values are copied to the host and :meth:`apply` runs there."""
         return self.law
 
-    def stream(self, rng: np.random.Generator, horizon: int | None) -> Draws | None:
-        """The random values of one item, drawn from ``rng``; ``horizon``: how many values the
-        item's prompt writes to the targeted sites (None where unknown)."""
+    def stream(self, rng: np.random.Generator, span: tuple[int, int] | None) -> Draws | None:
+        """The random values of one item, drawn from ``rng``; ``span``: how many values the
+        item's prompt writes to the targeted sites and how many its generated tokens may write
+        after it (None where unknown)."""
         return Draws(self.draw, rng) if self.random else None
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -190,7 +198,7 @@ class Multiplicative(ErrorModel):
     def random(self) -> bool:
         return True
 
-    def stream(self, rng: np.random.Generator, horizon: int | None) -> Variates:
+    def stream(self, rng: np.random.Generator, span: tuple[int, int] | None) -> Variates:
         return Variates(self.law, int(rng.integers(0, 2**64, dtype=np.uint64)))
 
     def apply(self, x: np.ndarray, draws: Draws | Variates | None) -> None:

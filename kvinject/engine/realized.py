@@ -29,6 +29,29 @@ class Workspace:
         return self._floats[0, :n], self._floats[1, :n], self._mask[:n]
 
 
+class Staging:
+    """The values before and after the change at each site of one decode, for K or for V, in
+    arrays kept from decode to decode (fresh arrays every decode cost page faults)."""
+
+    def __init__(self) -> None:
+        self.before = self.after = np.empty(0, np.float32)
+        self.n = 0  # values staged in this decode
+        self.sites = 0
+
+    def slots(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        end = self.n + size
+        if end > self.before.size:
+            capacity = max(end, 2 * self.before.size)
+            self.before = np.concatenate([self.before[: self.n], np.empty(capacity - self.n, np.float32)])
+            self.after = np.concatenate([self.after[: self.n], np.empty(capacity - self.n, np.float32)])
+        slots = self.before[self.n : end], self.after[self.n : end]
+        self.n, self.sites = end, self.sites + 1
+        return slots
+
+    def clear(self) -> None:
+        self.n = self.sites = 0
+
+
 @dataclass
 class RealizedStats:
     """Running sums over every component written to the cache for one of K or V.

@@ -12,19 +12,20 @@ from .variates import Draws
 
 class Placed(Draws):
     """A stream of XOR masks holding a fixed set of changes: ``masks[i]`` at value ``at[i]``
-    (sorted), every other value 0 (fault campaigns). It notes the blocks it is read in, one
+    (sorted; two changes of one value are ORed), every other value 0 (fault campaigns). It notes the blocks it is read in, one
     per decode of its item's rows, so that the hook can say where each change landed
     (:func:`locate`); ``describe(mask)`` names a change for its record."""
 
-    def __init__(self, at: np.ndarray, masks: np.ndarray, describe: Callable[[int], dict[str, object]]):
+    def __init__(self, at: np.ndarray, masks: np.ndarray, describe: Callable[[int], dict[str, object]], prompt: int):
         self._at, self._masks, self._pos = at, masks, 0
         self.describe = describe
+        self.prompt = prompt  # values the item's prompt writes: those after are its generated tokens'
         self.blocks: list[tuple[int, int]] = []  # (first value, values) of each read
 
     def take(self, n: int) -> np.ndarray:
         out = np.zeros(n, self._masks.dtype)
         lo, hi = np.searchsorted(self._at, [self._pos, self._pos + n])
-        out[self._at[lo:hi] - self._pos] = self._masks[lo:hi]
+        np.bitwise_or.at(out, self._at[lo:hi] - self._pos, self._masks[lo:hi])
         self.blocks.append((self._pos, n))
         self._pos += n
         return out
@@ -51,7 +52,14 @@ def locate(placed: Placed, at: dict[tuple[str, int], int], row: dict[str, int], 
             (component, layer), first = next(s for s in sites if offset < (s[1] + row[s[0][0]]) * rows)
             r, column = divmod(offset - first * rows, row[component])
             head_dim = row[component] // n_head_kv
-            site = {"layer": layer, "kv": component, "position": before + r, "head": column // head_dim, "element": column % head_dim}
+            site = {
+                "layer": layer,
+                "kv": component,
+                "position": before + r,
+                "head": column // head_dim,
+                "element": column % head_dim,
+                "stage": "prompt" if value < placed.prompt else "generated",
+            }
             out.append(site | placed.describe(mask))
         before += rows
     return out

@@ -203,3 +203,23 @@ class Draws:
         out = np.concatenate([rest, fresh[: n - len(rest)]])
         self._block, self._pos = fresh, n - len(rest)
         return out
+
+
+class DecodeNoise:
+    """The noise of one decode for error models applied in Python, site by site.
+
+    Each segment's stream reserved ``rows * width`` values (``blocks``: arrays, or blocks of
+    kvinject/engine/variates.py computed when sliced); a site whose rows hold ``r`` components each
+    takes ``r`` per row from component ``at`` on, the layout the compiled callback reads too,
+    so a stream is consumed site by site exactly as when its rows are decoded alone.
+    """
+
+    def __init__(self, blocks: list[tuple[np.ndarray | Block, int]]):
+        self.blocks = blocks
+        self._rows = sum(rows for _, rows in blocks)
+        self.at = 0  # components per row consumed before the current site
+
+    def take(self, n: int) -> np.ndarray:
+        r = n // self._rows  # whole rows: the compiled callback checked the cache write's size
+        pieces = [block[self.at * rows : (self.at + r) * rows] for block, rows in self.blocks]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

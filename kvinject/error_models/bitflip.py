@@ -1,7 +1,8 @@
-"""Bit flips in the stored float representation (hardware-fault studies): at a rate, or a fixed
+"""Bit flips in the stored representation (hardware-fault studies): at a rate, or a fixed
 number per item. The format is the cache's: fp16 for an f16 cache (the default), bf16 or f32
-for those caches, unless ``format=`` names one. A quantized cache keeps fp16, as before: its
-blocks' bits are not modeled (llama.cpp quantizes the float32 value, here flipped as fp16)."""
+for those caches, unless ``format=`` names one. For a quantized cache ``bitflip`` flips fp16,
+as before (llama.cpp quantizes the float32 value, here flipped as fp16), while ``faults`` flips
+bits of the q8_0 or q4_0 blocks themselves: a scale's or a code's (kvinject/engine/blocks.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from ..engine import laws
+from ..engine.blocks import BLOCK_FORMATS, VALUES, BlockFormat
 from ..engine.perturbation import ErrorModel
 from ..engine.sites import Placed
 from ..engine.variates import Draws
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
     from ..engine.options import CacheOptions
 
 FIELDS = ("sign", "exponent", "mantissa", "any")
+BLOCK_FIELDS = ("scale", "code", "any")
+STAGES = ("prompt", "generated", "any")  # where faults go: the prompt's tokens (the default), the generated ones, either
 
 
 @dataclass(frozen=True)
@@ -171,18 +175,65 @@ class Faults(_Flips):
     field: str = "any"
     bit: int | None = None
     format: str | None = None
+    stage: str | None = None
     name: ClassVar[str] = "faults"
-    syntax: ClassVar[str] = "faults:K[,field=sign|exponent|mantissa|any][,bit=N][,format=f16|bf16|f32]"
+    syntax: ClassVar[str] = "faults:K[,field=F][,bit=N][,format=f16|bf16|f32|q8_0|q4_0][,stage=prompt|generated|any]"
     summary: ClassVar[str] = (
-        "Exactly K single-bit faults per item, at values drawn uniformly among the K/V its prompt writes to the targeted layers, "
-        "each flipping one bit of the stored value (as bitflip), in a field or bit N if asked (fault campaigns: docs/faults.md)."
+        "Exactly K single-bit faults per item, at bits drawn uniformly among those of the K/V its prompt (or stage=generated: its generated "
+        "tokens, or any) writes to the targeted layers as the cache stores them: a float's (as bitflip) or a q8_0/q4_0 block's fp16 scale or "
+        "codes; in field F (sign, exponent, mantissa; scale, code; any) or bit N of it if asked (fault campaigns: docs/faults.md)."
     )
     example: ClassVar[str] = "faults:1,bit=14"
 
     def __post_init__(self) -> None:
         if self.count < 1:
             raise SpecError(f"'faults': K must be >= 1, got {self.count}")
-        self._check()
+        if self.stage not in (None, *STAGES):
+            raise SpecError(f"'faults': stage must be one of {', '.join(STAGES)}, got '{self.stage}'")
+        if self.format in BLOCK_FORMATS or self.field in ("scale", "code"):
+            self._check_blocks()
+        else:
+            self._check()
+
+    def _check_blocks(self) -> None:
+        if self.format is not None and self.format not in BLOCK_FORMATS:
+            raise SpecError(f"'faults': field={self.field} is a quantized block's, so format must be q8_0 or q4_0 (or left to the cache), got '{self.format}'")
+        if self.field not in BLOCK_FIELDS:
+            raise SpecError(f"'faults': a {self.format} block's fields are {', '.join(BLOCK_FIELDS)}, got '{self.field}'")
+        if self.bit is None:
+            return
+        if self.field == "any":
+            raise SpecError(f"'faults': bit {self.bit} of a block is its scale's or its codes': give field=scale or field=code")
+        widest = 16 if self.field == "scale" else BLOCK_FORMATS[self.format or "q8_0"].code
+        if not 0 <= self.bit < widest:
+            raise SpecError(f"'faults': bit must be in 0..{widest - 1} (the bits of a {self.format or 'q8_0'} {self.field}), got {self.bit}")
+
+    def stored(self, cache: CacheOptions, components: str) -> ErrorModel:
+        types = {c: t for c, t in (("k", cache.type_k), ("v", cache.type_v)) if c in components}
+        blocks = [t for t in types.values() if t in BLOCK_FORMATS]
+        if self.format in FORMATS or (self.format is None and not blocks and self.field not in ("scale", "code")):
+            other = sorted({t for t in types.values() if t not in FORMATS} if self.format is None else ())
+            if other:  # their blocks are not modeled, and flipping the float before quantization is another experiment
+                raise SpecError(
+                    f"'{self.name}' flips bits of q8_0 and q4_0 blocks, not of a {other[0]} cache's: "
+                    "give format=f16 to flip the value as fp16 before llama.cpp quantizes it"
+                )
+            return super().stored(cache, components)
+        fmt = self.format or (blocks[0] if blocks else None)
+        stores = " and ".join(f"{c.upper()} as {t}" for c, t in types.items())
+        if fmt is None:
+            raise SpecError(f"'{self.name}': field={self.field} is a quantized block's, and this cache stores {stores}: give a q8_0 or q4_0 cache (@q8_0)")
+        if any(t != fmt for t in types.values()):
+            raise SpecError(f"'{self.name}' flips bits of {fmt} blocks, and this cache stores {stores}: target one (--target k or v) or give both that type")
+        return replace(self, format=fmt)  # checked again: a code's bit within this format's
+
+    @property
+    def blocks(self) -> BlockFormat | None:
+        return BLOCK_FORMATS.get(self.format or "")
+
+    @property
+    def device_law(self) -> tuple[float, ...] | None:
+        return None if self.blocks else super().device_law
 
     @property
     def random(self) -> bool:
@@ -192,17 +243,36 @@ class Faults(_Flips):
     def placed(self) -> bool:
         return True
 
-    def stream(self, rng: np.random.Generator, horizon: int | None) -> Draws:
-        if horizon is None:  # a sequence no benchmark item began: fails if it is ever decoded
+    def stream(self, rng: np.random.Generator, span: tuple[int, int] | None) -> Draws:
+        if span is None:  # a sequence no benchmark item began: fails if it is ever decoded
             return _Unplaced()
-        if self.count > horizon:  # placing fewer would run something other than the label says
+        prompt, generated = span
+        # The values the faults may hit: the prompt's, then those its generated tokens may write
+        # (a fault placed past where the generation stopped never lands, and is not recorded).
+        first, horizon = {"prompt": (0, prompt), "generated": (prompt, generated), "any": (0, prompt + generated)}[self.stage or "prompt"]
+        blocks = self.blocks
+        # A block's bits: a flat index over (block, bit of the block), its scale's put on its first value.
+        sites = blocks.sites(self.field, self.bit) if blocks else None
+        space = horizon // VALUES * len(sites) if blocks else horizon
+        if self.count > space:  # placing fewer would run something other than the label says
+            unit = f"{space} bits of {blocks.name} blocks that may be hit" if blocks else f"{horizon} values"
+            where = {"prompt": "whose prompt writes", "generated": "whose generated tokens may write", "any": "whose prompt and generated tokens may write"}
             raise SpecError(
-                f"'{self.spec}' asks for {self.count} faults in an item whose prompt writes {horizon} values to the targeted layers: ask for at most {horizon}"
+                f"'{self.spec}' asks for {self.count} faults in an item {where[self.stage or 'prompt']} {unit} to the targeted layers: ask for at most {space}"
             )
+        if blocks:
+            block, k = np.divmod(rng.choice(space, size=self.count, replace=False), len(sites))
+            at = block * VALUES + np.array([j for j, _ in sites])[k]
+            masks = np.array([m for _, m in sites], np.uint32)[k]
+            order = np.argsort(at, kind="stable")
+            return Placed(first + at[order], masks[order], self.describe, prompt)
         at = np.sort(rng.choice(horizon, size=self.count, replace=False))
         uint = self._format.uint
         masks = np.left_shift(uint(1), rng.choice(self._bits(), size=len(at)).astype(uint))
-        return Placed(at, masks, self.describe)
+        return Placed(first + at, masks, self.describe, prompt)
+
+    def describe(self, mask: int) -> dict[str, object]:
+        return self.blocks.describe(mask) if self.blocks else super().describe(mask)
 
 
 class _Unplaced(Draws):

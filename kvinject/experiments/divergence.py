@@ -221,7 +221,7 @@ def _feed(ctx: Context, config: Configuration, item: int, prompt: list[int], tok
             yield start, ctx.residual.read()
         return
     n = len(prompt)
-    ctx.begin_item(item, 0, n)  # the item's noise, as in a benchmark run
+    ctx.begin_item(item, 0, n, len(tokens))  # the item's noise, as in a benchmark run
     ctx.mark(0, {"prompt": [(0, n)], "generated": [(n, MAX_POSITION + 1)], **spans})
     for start in range(0, n, ctx.n_batch):  # the prompt in pieces, logits after its last token, as generate_all decodes it
         piece = prompt[start : start + ctx.n_batch]

@@ -24,6 +24,7 @@ from ..engine.target import Target
 from ..error_models import REGISTRY
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError, SpecError
+from .campaign import campaign_size
 
 
 class GridError(KvinjectError):
@@ -38,6 +39,7 @@ SWEEP_KEYS = {
     "runs",
     "seeds",
     "control",
+    "control_per_cache",
     "targets",
     "layers",
     "positions",
@@ -48,6 +50,8 @@ SWEEP_KEYS = {
     "threads",
     "n_gpu_layers",
     "parallel",
+    "margin",
+    "confidence",
 }
 
 
@@ -62,6 +66,10 @@ class Cell:
     seed: int
     runs: int
     control: bool = False
+    campaign: tuple[float, float] | None = None  # (margin, confidence): the runs of a configuration placing faults
+    # The cache types ("q8_0/q8_0") of the control this cell is compared with, where each cache of
+    # the grid has its own (sweep.control_per_cache: a fault campaign's golden run); None: one control.
+    control_cache: str | None = None
 
     def settings(self, model_sha256: str) -> dict[str, Any]:
         """Everything that determines the cell's results, the model by content."""
@@ -71,6 +79,7 @@ class Cell:
             "options": dict(self.options),
             **self.config.to_dict(),
             "seed": self.seed,
+            **({"control_cache": self.control_cache} if self.control_cache else {}),
         }
 
     def key(self, model_sha256: str) -> str:
@@ -79,8 +88,8 @@ class Cell:
 
     @property
     def group(self) -> tuple[Any, ...]:
-        """Cells that share a model, bench, options and seed are evaluated together."""
-        return (self.model, self.bench, self.options, self.seed)
+        """Cells that share a model, bench, options and seed (and control) are evaluated together."""
+        return (self.model, self.bench, self.options, self.seed) + ((self.control_cache,) if self.control_cache else ())
 
 
 def bench_labels(cells: list[Cell]) -> list[str]:
@@ -131,6 +140,14 @@ def _fmt(value: Any) -> str:
 
 
 def _error_specs(where: str, entry: dict[str, Any]) -> list[str]:
+    """The specs of one [[errors]] entry; with ``cache = "q8_0"`` (K/V types, as sweep.caches), each
+    runs with that cache only, instead of each of sweep.caches."""
+    if "cache" in entry:
+        entry = dict(entry)
+        cache = entry.pop("cache")
+        if not isinstance(cache, str) or "@" in cache:
+            raise GridError(f"{where}.cache must be cache types such as 'q8_0' or 'f16/q8_0', got {cache!r}")
+        return [f"{spec}@{cache}" for spec in _error_specs(where, entry)]
     if "spec" in entry:
         if set(entry) != {"spec"}:
             raise GridError(f"{where}: give either spec or model with parameters, not both")
@@ -205,6 +222,17 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
     runs = sweep.get("runs", 5)
     if not _integer(runs) or runs < 1:
         raise GridError(f"{path}: sweep.runs must be a positive integer, got {runs!r}")
+    campaign = None
+    if "margin" in sweep:
+        campaign = (sweep["margin"], sweep.get("confidence", 0.95))
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in campaign):
+            raise GridError(f"{path}: sweep.margin and sweep.confidence must be numbers (0.03 for ±3%, 0.95), got {campaign!r}")
+        try:
+            campaign_size(*campaign)
+        except KvinjectError as e:
+            raise GridError(f"{path}: [sweep] {e}") from None
+    elif "confidence" in sweep:
+        raise GridError(f"{path}: sweep.confidence goes with sweep.margin (the runs of configurations that place faults)")
     seeds = _values("sweep.seeds", sweep.get("seeds", 0))
     if not all(_integer(s) and s >= 0 for s in seeds):
         raise GridError(f"{path}: sweep.seeds must be integers >= 0, got {seeds!r}")
@@ -247,6 +275,9 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
     specs = [s for i, e in enumerate(errors) for s in _error_specs(f"errors[{i}]", e)]
     models = [str(m) for m in _values("sweep.models", sweep.get("models", "smollm2"))]
     control_spec = str(sweep.get("control", "none"))
+    per_cache = sweep.get("control_per_cache", False)
+    if not isinstance(per_cache, bool):
+        raise GridError(f"{path}: sweep.control_per_cache must be true or false, got {per_cache!r}")
 
     extras = raw.get("cells", [])
     if not isinstance(extras, list) or not all(isinstance(e, dict) for e in extras):
@@ -258,12 +289,17 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
     seen: set[tuple[Any, ...]] = set()
 
     def add(model: str, bench: str, options: dict[str, Any], config: Configuration, seed: int, control: bool = False) -> None:
+        paired = None
+        if per_cache:  # compared with the control of its own cache types
+            paired = f"{config.cache.type_k}/{config.cache.type_v}"
+            if paired not in {f"{c.type_k}/{c.type_v}" for c in caches}:
+                raise GridError(f"{path}: '{config.label}' stores K/V as {paired}, which has no control: add it to sweep.caches (control_per_cache)")
         try:
             BENCHMARKS[bench].check(config, BENCHMARKS[bench].Options.parse(options))
         except SpecError as e:
             raise GridError(f"{path}: [bench.{bench}] {e}") from None
         opts = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
-        cell = Cell(model, bench, opts, config, seed, runs, control)
+        cell = Cell(model, bench, opts, config, seed, runs, control, campaign, paired)
         identity = (model, bench, opts, config, seed)
         if identity not in seen:
             seen.add(identity)
@@ -276,7 +312,8 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
             raise GridError(f"{path}: {where}: {e}") from None
 
     for model, (bench, options), seed in itertools.product(models, option_sets, seeds):
-        add(model, bench, options, configure("sweep.control", control_spec, None, caches[0]), seed, control=True)
+        for cache in caches if per_cache else caches[:1]:
+            add(model, bench, options, configure("sweep.control", control_spec, None, cache), seed, control=True)
         for spec, target, cache in itertools.product(specs, targets, caches):
             add(model, bench, options, configure(f"errors '{spec}'", spec, target, cache), seed)
         for i, extra in enumerate(extras):

@@ -15,6 +15,7 @@ from ..engine.model import CPU_PARALLEL, Model, file_sha256, resolve_model
 from ..engine.options import BackendOptions
 from ..engine.speed import Speed
 from ..exceptions import KvinjectError, SpecError
+from .campaign import campaign_runs
 from .grid import Cell, Grid, GridError
 from .store import Claim, Store, Worker
 
@@ -108,9 +109,22 @@ class Sweep:
             except SpecError as e:
                 raise GridError(f"{self.grid.path}: {cell.model}: {e}") from None
             key = cell.key(self.model_sha(cell.model))
-            wanted = range(self.bench(cell).runs_needed(cell.config, cell.runs))
+            wanted = range(self.runs_of(cell))
             out.append(Planned(cell, key, [r for r in wanted if (key, r) not in done]))
         return out
+
+    def runs_of(self, cell: Cell) -> int:
+        """The runs a cell needs: the grid's, or for a configuration that places faults in a grid
+        with a margin, enough for that many injections (items x runs); one where they would repeat."""
+        bench = self.bench(cell)
+        runs = cell.runs
+        if cell.campaign is not None and cell.config.error.placed:
+            runs = campaign_runs(*cell.campaign, len(bench))
+        return bench.runs_needed(cell.config, runs)
+
+    def injections(self, cell: Cell) -> int | None:
+        """A configuration placing faults: its injections (items x runs); None for others."""
+        return len(self.bench(cell)) * self.runs_of(cell) if cell.config.error.placed else None
 
     def claimed(self) -> dict[tuple, Claim]:
         """The claims on this sweep's groups, by group."""

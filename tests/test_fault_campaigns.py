@@ -142,6 +142,15 @@ def test_a_campaign_records_every_fault_and_report_maps_them(tmp_path, tiny_path
     assert table.returncode == 0 and "1068 faults a row" in table.stdout, table.stderr
     mixed = kvinject("report", store, "--faults", "bit", "--plot", tmp_path / "x.png")
     assert mixed.returncode == 2 and "--faults prints a map of its own: give --plot in another report" in mixed.stderr
+    # A recorded fault replayed alone: the item decoded by itself lands it where recorded, with the recorded tokens and outcome.
+    record = next(r for r in records if r["run"] == 2)
+    out = kvinject("replay", store, "--item", 5, "--run", 2, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    replayed = json.loads(out.stdout)
+    assert replayed["same"] and replayed["faults"] == record["faults"][5] and replayed["tokens"] == record["outputs"][5]
+    assert replayed["outcome"] == next(o for o in ("masked", "benign", "sdc", "due") if record["items"][o][5])
+    ambiguous = kvinject("replay", store, "--item", 5)
+    assert ambiguous.returncode == 2 and "4 runs that recorded faults match" in ambiguous.stderr and "--run" in ambiguous.stderr
 
 
 def test_each_cache_gets_its_golden_run_where_the_grid_asks(tmp_path, tiny_path):
@@ -162,3 +171,18 @@ def test_each_cache_gets_its_golden_run_where_the_grid_asks(tmp_path, tiny_path)
     out = kvinject("report", tmp_path / "grid.results.sqlite", "--format", "json")
     assert out.returncode == 0, out.stderr
     assert [r["configuration"] for r in json.loads(out.stdout) if r["p"] is None] == ["none", "none @q8_0"], "each its own control"
+
+
+def test_one_of_several_faults_replays_alone(tmp_path, tiny_path):
+    """faults:3,only=J draws the item's three faults as its run did and keeps the J-th: `replay
+    --fault 1` lands exactly the record's second fault and nothing else."""
+    store = swept(tmp_path, f'[sweep]\nmodels = ["{tiny_path}"]\nruns = 1\n\n[bench.nexttoken]\nlimit = 3\n\n[[errors]]\nspec = ["faults:3"]\n')
+    with Store(store, readonly=True) as s:
+        record = next(r for r in s.records() if not r["settings"]["control"])
+    out = kvinject("replay", store, "--item", 2, "--fault", 1, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    replayed = json.loads(out.stdout)
+    assert len(record["faults"][2]) == 3 and replayed["faults"] == [record["faults"][2][1]] and replayed["same"]
+    assert replayed["recorded_outcome"] is None, "the record has the outcome of all three together"
+    beyond = kvinject("replay", store, "--item", 2, "--fault", 3)
+    assert beyond.returncode == 2 and "item 2 recorded 3 faults: give --fault 0..2" in beyond.stderr

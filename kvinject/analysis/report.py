@@ -13,10 +13,8 @@ from scipy.stats import false_discovery_control
 from ..benchmarks import BENCHMARKS
 from ..benchmarks.base import Benchmark, RunResult
 from ..benchmarks.options import Options
-from ..engine.options import CacheOptions
 from ..engine.positions import Positions
 from ..engine.realized import Realized, RealizedStats
-from ..engine.target import Target
 from ..error_models import parse_error
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
@@ -117,9 +115,18 @@ def _experiment(record: dict[str, Any]) -> str:
     return repr((s["model_sha256"], s["bench"], sorted(s["options"].items()), s["seed"], backend, s.get("control_cache")))
 
 
+def control_of(records: list[dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:
+    """The control ``record`` is compared with among ``records`` (its experiment's)."""
+    experiment = _experiment(record)
+    control = next((r for r in records if r["settings"].get("control") and _experiment(r) == experiment), None)
+    if control is None:
+        raise KvinjectError(f"no control of {record['label']} in these stores: give the store that holds it too")
+    return control
+
+
 def _result(record: dict[str, Any]) -> RunResult:
     s = record["settings"]
-    config = Configuration(parse_error(s["error"]), Target.parse(s["target"], s["layers"], s.get("positions"), s.get("heads")), CacheOptions(**s["cache"]))
+    config = Configuration.from_dict(s)
     # What aggregate reads of it: how many values the error changed (changed_nothing).
     realized = Realized(*(RealizedStats(values=r.get("values", 0), changed=r.get("changed", 0)) for r in (record["realized"].get(c, {}) for c in "kv")))
     metrics = record["metrics"]

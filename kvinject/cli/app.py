@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .. import __version__, interrupts
 from ..exceptions import KvinjectError
-from . import benchmarks, divergence, errors, generate, harness, info, profile, report, run, score, sweep
+from . import benchmarks, divergence, errors, generate, harness, info, profile, replay, report, run, score, sweep
 from .render import stoppable
 
 app = typer.Typer(
@@ -55,6 +55,7 @@ app.command()(stoppable(sweep.sweep))
 app.command(name="profile")(stoppable(profile.profile))
 app.command(name="divergence")(stoppable(divergence.divergence_command))
 app.command()(stoppable(report.report))
+app.command()(stoppable(replay.replay))
 app.command()(stoppable(score.score))
 app.command()(stoppable(info.info))
 # lm-eval's options pass through untouched, --help included.

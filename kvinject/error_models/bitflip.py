@@ -176,6 +176,7 @@ class Faults(_Flips):
     bit: int | None = None
     format: str | None = None
     stage: str | None = None
+    only: int | None = None  # keep only the ONLY-th of the K faults drawn (from 0): one replayed alone
     name: ClassVar[str] = "faults"
     syntax: ClassVar[str] = "faults:K[,field=F][,bit=N][,format=f16|bf16|f32|q8_0|q4_0][,stage=prompt|generated|any]"
     summary: ClassVar[str] = (
@@ -188,6 +189,8 @@ class Faults(_Flips):
     def __post_init__(self) -> None:
         if self.count < 1:
             raise SpecError(f"'faults': K must be >= 1, got {self.count}")
+        if self.only is not None and not 0 <= self.only < self.count:
+            raise SpecError(f"'faults': only names one of the K faults drawn, 0..{self.count - 1}, got {self.only}")
         if self.stage not in (None, *STAGES):
             raise SpecError(f"'faults': stage must be one of {', '.join(STAGES)}, got '{self.stage}'")
         if self.format in BLOCK_FORMATS or self.field in ("scale", "code"):
@@ -265,11 +268,13 @@ class Faults(_Flips):
             at = block * VALUES + np.array([j for j, _ in sites])[k]
             masks = np.array([m for _, m in sites], np.uint32)[k]
             order = np.argsort(at, kind="stable")
-            return Placed(first + at[order], masks[order], self.describe, prompt)
-        at = np.sort(rng.choice(horizon, size=self.count, replace=False))
-        uint = self._format.uint
-        masks = np.left_shift(uint(1), rng.choice(self._bits(), size=len(at)).astype(uint))
-        return Placed(first + at, masks, self.describe, prompt)
+            at, masks = at[order], masks[order]
+        else:
+            at = np.sort(rng.choice(horizon, size=self.count, replace=False))
+            uint = self._format.uint
+            masks = np.left_shift(uint(1), rng.choice(self._bits(), size=len(at)).astype(uint))
+        keep = slice(None) if self.only is None else slice(self.only, self.only + 1)  # drawn all the same: the same fault
+        return Placed(first + at[keep], masks[keep], self.describe, prompt)
 
     def describe(self, mask: int) -> dict[str, object]:
         return self.blocks.describe(mask) if self.blocks else super().describe(mask)

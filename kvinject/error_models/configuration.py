@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..engine.options import CACHE_TYPES, CacheOptions
 from ..engine.perturbation import CacheResident, ErrorModel, Multiplicative, NoError, check_groups, check_selection
@@ -65,6 +66,12 @@ class Configuration:
         if (self.cache.type_k, self.cache.type_v) == default != (control.cache.type_k, control.cache.type_v):
             return f"{self.label} @f16"
         return self.label
+
+    @classmethod
+    def from_dict(cls, settings: dict[str, Any]) -> Configuration:
+        """The configuration a record's settings (:meth:`to_dict`) describe."""
+        target = Target.parse(settings["target"], settings["layers"], settings.get("positions"), settings.get("heads"))
+        return cls(parse_error(settings["error"]), target, CacheOptions(**settings["cache"]))
 
     def to_dict(self) -> dict[str, object]:
         return {

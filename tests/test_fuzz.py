@@ -29,20 +29,27 @@ numbers = st.one_of(
     st.sampled_from(["1_000", "0x10", "1e400", "-0", ".5", "5.", "nan", "inf", "", " ", "1,5", "١"]),
 )
 names = st.sampled_from([*REGISTRY, "gauss", "", "NORMAL", " normal"])
-keys = st.sampled_from(["group", "field", "p", "std", "bits", "x", ""])
+keys = st.sampled_from(["group", "field", "p", "std", "bits", "x", "", "bit", "format", "stage", "only", "count"])
 
 
 @st.composite
 def error_specs(draw) -> str:
     args = draw(st.lists(numbers, max_size=4))
-    options = draw(st.lists(st.tuples(keys, st.one_of(numbers, st.sampled_from(["sign", "any", "top"]))), max_size=3))
+    words = st.sampled_from(["sign", "any", "top", "scale", "code", "q8_0", "q4_0", "bf16", "generated", "prompt"])
+    options = draw(st.lists(st.tuples(keys, st.one_of(numbers, words)), max_size=3))
     body = ",".join(args + [f"{k}={v}" for k, v in options])
-    return draw(names) + (":" + body if body or draw(st.booleans()) else "")
+    cache = draw(st.sampled_from(["", "", "@q8_0", "@q4_0", "@q4_1", "@bf16", "@f32/q8_0"]))
+    return draw(names) + (":" + body if body or draw(st.booleans()) else "") + cache
 
 
 @FAST
 @given(error_specs())
 def test_an_error_spec_parses_to_what_it_says_or_fails_cleanly(spec):
+    try:  # with the cache types after @, as a configuration: resolved to the stored format
+        Configuration.parse(spec)
+    except KvinjectError:
+        pass
+    spec = spec.partition("@")[0]
     try:
         model = parse_error(spec)
     except KvinjectError:
@@ -132,12 +139,30 @@ def toml_value(value) -> str:
 def grids(draw) -> str:
     sweep = draw(
         st.dictionaries(
-            st.sampled_from(["runs", "seeds", "threads", "parallel", "layers", "targets", "caches", "flash_attn", "control", "bogus"]), toml_values, max_size=4
+            st.sampled_from(
+                [
+                    "runs",
+                    "seeds",
+                    "threads",
+                    "parallel",
+                    "layers",
+                    "targets",
+                    "caches",
+                    "flash_attn",
+                    "control",
+                    "bogus",
+                    "margin",
+                    "confidence",
+                    "control_per_cache",
+                ]
+            ),
+            toml_values,
+            max_size=4,
         )
     )
     bench = draw(st.sampled_from([*BENCHMARKS, "mmlu"]))
     options = draw(st.dictionaries(st.sampled_from(["limit", "ctx", "max_tokens", "temperature", "chunks", "nope"]), toml_values, max_size=3))
-    error = draw(st.dictionaries(st.sampled_from(["model", "mean", "std", "p", "spec", "a", "b"]), toml_values, max_size=3))
+    error = draw(st.dictionaries(st.sampled_from(["model", "mean", "std", "p", "spec", "a", "b", "cache"]), toml_values, max_size=3))
     lines = ["[sweep]", *(f"{k} = {toml_value(v)}" for k, v in sweep.items()), f"[bench.{bench}]", *(f"{k} = {toml_value(v)}" for k, v in options.items())]
     if error:
         lines += ["[[errors]]", *(f"{k} = {toml_value(v)}" for k, v in error.items())]

@@ -30,9 +30,11 @@ from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
 from kvinject.error_models.configuration import Configuration
+from kvinject.error_models.eviction import METHODS
 from kvinject.exceptions import SpecError
 
 from .cache_state import read_cells
+from .tiny_model import HEAD_DIM, N_HEAD_KV
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog while the cat watches",
@@ -130,9 +132,10 @@ class Reference:
         self.window: list[dict[int, float]] = []
         self.unasked = 0
 
-    def keep(self, held: list[int], n: int, attn: np.ndarray | None, asked: bool, prompt_ended: bool) -> set[int]:
+    def keep(self, held: list[int], n: int, attn: np.ndarray | None, asked: bool, prompt_ended: bool, keys: dict[int, np.ndarray] | None = None) -> set[int]:
         """``asked``: the decode asked for the logits of the sequence's last token (a prompt's
-        last piece, or generation); ``prompt_ended``: it was a prompt's last piece."""
+        last piece, or generation); ``prompt_ended``: it was a prompt's last piece; ``keys``:
+        each held position's cached K, (layers, KV heads, head dim)."""
         b, m = budget(self.spec, n), self.model
         if m.method == "h2o":  # every query's attention, summed per token over all decodes
             for p, a in zip(held, attn.sum(0)):
@@ -150,6 +153,16 @@ class Reference:
             return set(held[:sinks]) | set(held[len(held) - (b - sinks) :])
         if m.method == "tova":
             scores = dict(zip(held, attn[-1]))
+            scores[held[-1]] = np.inf
+            return later_first(scores, b)
+        if m.method == "knorm":  # KnormPress: -||k||, here the mean over layers and heads
+            scores = {p: -float(np.mean([np.sqrt(np.sum(k.astype(np.float64) ** 2)) for k in keys[p].reshape(-1, HEAD_DIM)])) for p in held}
+            scores[held[-1]] = np.inf
+            return later_first(scores, b)
+        if m.method == "keydiff":  # KeyDiffPress: -cos(k, mean of unit keys), per layer and head, here their mean
+            unit = {p: keys[p] / np.linalg.norm(keys[p].astype(np.float64), axis=-1, keepdims=True) for p in held}
+            anchor = np.mean([unit[p] for p in held], axis=0)
+            scores = {p: -float(np.mean(np.sum(unit[p] * anchor, axis=-1) / np.linalg.norm(anchor, axis=-1))) for p in held}
             scores[held[-1]] = np.inf
             return later_first(scores, b)
         if m.method == "h2o":
@@ -193,17 +206,23 @@ def run_checked(model, spec: str, prompts=PROMPTS[:1], n_batch: int = 5, steps: 
             for seq in dict.fromkeys(s for _, _, s, _ in entries):
                 rows = [i for i, e in enumerate(entries) if e[2] == seq]
                 held[seq] += [entries[i][1] for i in rows]
-                attn = None
+                attn = keys = None
                 if ctx.error.attention:
                     positions, cache = read_cells(replica, seq)
                     assert sorted(positions.tolist()) == held[seq]
                     attn = attention(model, replica.q, rows, [entries[i][1] for i in rows], positions, cache)
+                if METHODS[ctx.error.method].reads == "keys":  # the cached K, read back from the replica
+                    positions, cache = read_cells(replica, seq)
+                    layers = sorted(layer for c, layer in cache if c == "k")
+                    keys = {
+                        int(p): np.stack([cache["k", layer][i] for layer in layers]).reshape(len(layers), N_HEAD_KV, HEAD_DIM) for i, p in enumerate(positions)
+                    }
                 # A prompt ends where its last token's logits are asked for, several tokens after the last ask.
                 refs[seq].unasked += len(rows)
                 ended = entries[rows[-1]][3] and refs[seq].unasked > 1
                 if entries[rows[-1]][3]:
                     refs[seq].unasked = 0
-                keep = refs[seq].keep(held[seq], held[seq][-1] + 1, attn, bool(entries[rows[-1]][3]), ended)
+                keep = refs[seq].keep(held[seq], held[seq][-1] + 1, attn, bool(entries[rows[-1]][3]), ended, keys)
                 assert sorted(read_cells(ctx, seq)[0].tolist()) == sorted(keep), (spec, step, seq)
                 replica.remove(seq, set(held[seq]) - keep)
                 held[seq] = sorted(keep)
@@ -225,7 +244,10 @@ ATTENTION_SPECS = [
 ]
 
 
-@pytest.mark.parametrize("spec", POSITION_SPECS + ATTENTION_SPECS)
+KEY_SPECS = ["evict:knorm,6", "evict:knorm,0.5", "evict:keydiff,6", "evict:keydiff,0.5"]
+
+
+@pytest.mark.parametrize("spec", POSITION_SPECS + ATTENTION_SPECS + KEY_SPECS)
 def test_each_decode_keeps_exactly_what_the_method_keeps(tiny, spec):
     """One sequence: a prompt in pieces of 5, then generated tokens one by one; budgets as
     tokens and as ratios."""
@@ -257,7 +279,19 @@ def greedy(model, spec: str, cache=OFF, steps: int = 8):
         return np.array(logits), read_cells(ctx), ctx.bits_per_element
 
 
-@pytest.mark.parametrize("spec", ["evict:window,1.0", "evict:streaming,64", "evict:random,1.0", "evict:tova,1.0", "evict:h2o,100", "evict:snapkv,1.0,window=4"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "evict:window,1.0",
+        "evict:streaming,64",
+        "evict:random,1.0",
+        "evict:tova,1.0",
+        "evict:h2o,100",
+        "evict:snapkv,1.0,window=4",
+        "evict:knorm,1.0",
+        "evict:keydiff,64",
+    ],
+)
 def test_a_budget_that_keeps_everything_is_bit_identical_to_the_control(tiny, spec):
     control_logits, (control_positions, control_cache), control_bits = greedy(tiny, "none")
     logits, (positions, cache), bits = greedy(tiny, spec)
@@ -381,6 +415,33 @@ def test_what_eviction_cannot_do_is_refused_in_one_line(tiny, cache, target, mes
 def test_bad_eviction_specs_say_what_is_wrong(spec, message):
     with pytest.raises(SpecError, match=message):
         parse_error(spec)
+
+
+def test_keys_are_read_from_a_float_cache_only():
+    with pytest.raises(SpecError, match="reads the cached keys, which a q8_0 cache holds in blocks: use an f32, f16 or bf16 K cache"):
+        Configuration.parse("evict:knorm,0.5@q8_0/f16")
+    assert Configuration.parse("evict:keydiff,0.5@f16/q8_0").error.method == "keydiff", "V may be quantized"
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_parses_with_its_options_and_evicts_to_its_budget(tiny, name):
+    """Each registered method (kvinject/error_models/eviction/): its options are evict's, its
+    spec parses back, and a sequence holds exactly B(n) tokens, its newest among them, after its
+    prompt and after each generated token (SnapKV compresses prompts only)."""
+    method = METHODS[name]
+    assert set(method.options()) <= {"sinks", "recent", "window", "kernel"}, "evict takes a method's options by name"
+    spec = f"evict:{name},0.5" + "".join(f",{key}=3" for key in method.options() if key in ("window", "kernel"))
+    assert parse_error(parse_error(spec).spec) == parse_error(spec)
+    cache = OFF if method.reads == "attention" else CacheOptions("f16", "f16", "on")
+    tokens = tiny.tokenize(PROMPTS[0])
+    with Context(tiny, cache, Configuration.parse(spec, cache=cache).error, n_ctx=N_CTX, seed=1) as ctx:
+        ctx.begin_item(0, 0, len(tokens))
+        ctx.prefill(tokens)
+        for i in range(5):
+            n = len(tokens) + i
+            positions = read_cells(ctx)[0]
+            assert len(positions) == (budget(spec, len(tokens)) + i if name == "snapkv" else budget(spec, n)) and max(positions) == n - 1
+            ctx.decode([(int(np.argmax(ctx.logits(-1))), n, 0, True)])
 
 
 def test_specs_name_only_the_method_s_options_and_parse_back():

@@ -136,7 +136,7 @@ class Context:
             memory = ll.llama_get_memory(self._ptr)
             n_cells = ll.llama_n_ctx(self._ptr)
             self.resident = ResidentCache(
-                self.error, self.target, model.n_layer, n_cells, lambda seq, p0, p1: ll.llama_memory_seq_rm(memory, seq, p0, p1), self._noise
+                self.error, self.target, model.n_layer, n_cells, lambda seq, p0, p1: ll.llama_memory_seq_rm(memory, seq, p0, p1), self._noise, model.n_head_kv
             )
             if self.error.attention:
                 self.hook.attend(n_cells)

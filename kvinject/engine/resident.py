@@ -65,11 +65,13 @@ class ResidentCache:
         n_cells: int,
         seq_rm: Callable[[int, int, int], None] = lambda seq, p0, p1: None,
         draws: dict[int, Draws | None] | None = None,
+        n_head_kv: int = 1,
     ):
         self.model = model
         self.sites = tuple((c, il) for c in "kv" for il in range(n_layer) if target.wants(c, il))
         self.realized = Realized.empty()
         self._n_layer = n_layer
+        self._n_head_kv = n_head_kv
         self._seqs: dict[int, _Tokens] = {}
         self._finished: list[tuple[int, int]] = []  # (tokens, tokens held at the end) of each sequence forgotten so far
         self._seq_rm = seq_rm  # llama_memory_seq_rm of the context: (seq, from position, to position)
@@ -142,6 +144,13 @@ class ResidentCache:
             self._tensor(site).set(c, rows)
         stats = self.realized.k if sites[0][0] == "k" else self.realized.v
         stats.add(before, to_float(stored, self._tensor(sites[0]).kind), len(sites), self._work)
+
+    def keys(self, seq: int, start: int, stop: int) -> np.ndarray:
+        """The cached K of tokens ``start`` to ``stop`` of ``seq`` in every layer, float32, shape
+        (layers, tokens, KV heads, head dim)."""
+        layers = np.arange(self._n_layer)
+        k = self.read([("k", il) for il in layers], self.cells(seq, layers, start, stop))
+        return k.reshape(*k.shape[:2], self._n_head_kv, -1)
 
     def held(self, seq: int) -> np.ndarray:
         """The tokens of ``seq`` still in the cache, in order."""

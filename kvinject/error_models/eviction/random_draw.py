@@ -1,0 +1,26 @@
+"""``random``: the newest token and B - 1 others at random (kvpress ``RandomPress``). Each token
+gets a score from the item's seeded stream once, when it arrives, and the highest are kept, so
+a prompt is cut to a uniform sample of its tokens and the lowest score goes after each generated
+token (scores drawn anew at each decode would favour recent tokens, the older having survived
+more draws)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import Method, newest_kept, register
+
+
+@register
+@dataclass(frozen=True)
+class Random(Method):
+    name = "random"
+    summary = "a uniform sample"
+    reads = "draws"
+
+    def keep(self, cache, seq, held, n0, n1, budget):
+        state = cache.state(seq)
+        state["scores"] = scores = np.concatenate([state.get("scores", np.zeros(0)), cache.draws(seq).take(n1 - n0)])
+        return newest_kept(scores[held], budget) if len(held) > budget else None

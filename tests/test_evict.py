@@ -410,6 +410,7 @@ def test_what_eviction_cannot_do_is_refused_in_one_line(tiny, cache, target, mes
         ("evict:window,0.5,sinks=4", "'window' takes no option 'sinks'"),
         ("evict:snapkv,0.5,kernel=4", "odd kernel"),
         ("evict:h2o,0.2,recent=2", "recent in"),
+        ("evict:window,0.5,decode=-1", "decode=N compresses every N generated tokens"),
     ],
 )
 def test_bad_eviction_specs_say_what_is_wrong(spec, message):
@@ -442,6 +443,34 @@ def test_every_method_parses_with_its_options_and_evicts_to_its_budget(tiny, nam
             positions = read_cells(ctx)[0]
             assert len(positions) == (budget(spec, len(tokens)) + i if name == "snapkv" else budget(spec, n)) and max(positions) == n - 1
             ctx.decode([(int(np.argmax(ctx.logits(-1))), n, 0, True)])
+
+
+@pytest.mark.parametrize("decode", [0, 3])
+def test_decode_n_compresses_the_prompt_then_every_n_generated_tokens(tiny, decode):
+    """decode=0 compresses the prompt only (kvpress's prefill compression): the generated tokens
+    are all kept; decode=3 compresses again after every third (DecodingPress's interval)."""
+    spec = f"evict:knorm,0.5,decode={decode}"
+    assert parse_error(spec).spec == spec
+    tokens = tiny.tokenize(PROMPTS[0])
+    held = []
+    with Context(tiny, CacheOptions("f16", "f16", "on"), parse_error(spec), n_ctx=N_CTX) as ctx:
+        ctx.prefill(tokens)
+        for i in range(7):
+            held.append(len(read_cells(ctx)[0]))
+            ctx.decode([(int(np.argmax(ctx.logits(-1))), len(tokens) + i, 0, True)])
+    p = budget(spec, len(tokens))
+    if decode == 0:
+        assert held == [p + i for i in range(7)]
+    else:  # after generated tokens 3 and 6 the sequence is cut to B(n) again
+        assert held == [
+            p,
+            p + 1,
+            p + 2,
+            budget(spec, len(tokens) + 3),
+            budget(spec, len(tokens) + 3) + 1,
+            budget(spec, len(tokens) + 3) + 2,
+            budget(spec, len(tokens) + 6),
+        ]
 
 
 def test_specs_name_only_the_method_s_options_and_parse_back():

@@ -42,10 +42,12 @@ class Evict(CacheResident):
     recent: float = 0.5
     window: int = 64
     kernel: int = 5
+    decode: int | None = None  # compress the prompt, then every DECODE generated tokens (0: never again); None: after every decode
     name: ClassVar[str] = "evict"
-    syntax: ClassVar[str] = "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5]"
+    syntax: ClassVar[str] = "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5][,decode=N]"
     summary: ClassVar[str] = (
-        "Eviction after each decode to BUDGET tokens per sequence (0.25: a ratio of its tokens; 256: tokens), kept ones at their positions: "
+        "Eviction after each decode (decode=N: after the prompt, then every N generated tokens; 0: the prompt only) to BUDGET tokens per "
+        "sequence (0.25: a ratio of its tokens; 256: tokens), kept ones at their positions: "
         + ", ".join(f"{name} ({method.summary})" for name, method in METHODS.items())
         + " (kvinject/error_models/eviction/)."
     )
@@ -54,7 +56,7 @@ class Evict(CacheResident):
     @classmethod
     def parse(cls, args: list[str], options: dict[str, str]) -> Evict:
         model = super().parse(args, options)
-        extra = sorted(set(options) - {"method", "budget", *OPTIONS[model.method]})
+        extra = sorted(set(options) - {"method", "budget", "decode", *OPTIONS[model.method]})
         if extra:
             raise SpecError(f"'{model.method}' takes no option '{extra[0]}' (options: {', '.join(OPTIONS[model.method]) or 'none'})")
         return model
@@ -70,6 +72,8 @@ class Evict(CacheResident):
             raise SpecError(f"'evict': a ratio BUDGET must be in (0, 1], got {self.budget}")
         if "." not in self.budget and (ratio.denominator != 1 or ratio < 1):
             raise SpecError(f"'evict': a token BUDGET must be an integer >= 1 (a ratio needs a decimal point: 0.5), got {self.budget}")
+        if self.decode is not None and self.decode < 0:
+            raise SpecError(f"'evict': decode=N compresses every N generated tokens (0: the prompt only), got {self.decode}")
         if self.sinks < 0 or not 0 <= self.recent <= 1 or self.window < 1 or self.kernel < 1 or self.kernel % 2 == 0:
             raise SpecError(f"'evict': sinks >= 0, recent in [0, 1], window >= 1 and an odd kernel >= 1 needed, got {self.spec}")
         if self.method == "streaming" and "." not in self.budget and self.sinks >= ratio:  # it would keep budget - 1, not what the label says
@@ -80,9 +84,10 @@ class Evict(CacheResident):
 
     @property
     def spec(self) -> str:
-        """Only the method's own options (the others do not apply)."""
+        """Only the method's own options (the others do not apply), and decode= where given."""
         options = "".join(f",{key}={getattr(self, key)}" for key in OPTIONS[self.method])
-        return f"{self.name}:{self.method},{self.budget}{options}"
+        decode = "" if self.decode is None else f",decode={self.decode}"
+        return f"{self.name}:{self.method},{self.budget}{options}{decode}"
 
     def kept(self, n: int) -> int:
         """B(n): how many of a sequence's ``n`` tokens are kept."""
@@ -125,5 +130,17 @@ class Evict(CacheResident):
         for seq, n0, n1 in grown:
             held = cache.held(seq)
             keep = way.keep(cache, seq, held, n0, n1, self.kept(n1))  # scores accumulate at every decode
-            if keep is not None and cache.asked(seq):  # not within a prompt
+            if cache.asked(seq) and self._due(cache, seq) and keep is not None:  # not within a prompt; every asking decode counts
                 cache.remove(seq, np.delete(held, keep))
+
+    def _due(self, cache: ResidentCache, seq: int) -> bool:
+        """Whether this decode compresses: every one, or with decode=N a prompt's end and every
+        N-th generated token after it (kvpress's prefill compression and DecodingPress's interval)."""
+        if self.decode is None:
+            return True
+        state = cache.state(seq)
+        if cache.prompt_ended(seq):
+            state["decoded since the prompt"] = 0
+            return True
+        state["decoded since the prompt"] = since = state.get("decoded since the prompt", 0) + 1
+        return self.decode > 0 and since % self.decode == 0

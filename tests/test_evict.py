@@ -30,6 +30,7 @@ from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
 from kvinject.error_models.configuration import Configuration
+from kvinject.benchmarks import BENCHMARKS
 from kvinject.error_models.eviction import METHODS
 from kvinject.exceptions import SpecError
 
@@ -471,6 +472,32 @@ def test_decode_n_compresses_the_prompt_then_every_n_generated_tokens(tiny, deco
             budget(spec, len(tokens) + 3) + 2,
             budget(spec, len(tokens) + 6),
         ]
+
+
+@pytest.mark.parametrize("method", ["tova", "snapkv", "knorm"])
+def test_query_agnostic_compresses_the_context_as_if_the_question_were_not_there(tiny, method):
+    """query=agnostic cuts a prompt's context where it ends, before its question is decoded: the
+    context tokens it keeps are exactly those kept of the context alone as a prompt, and the
+    question and generated tokens all stay (decode=0). Query-aware cuts the whole prompt, with the
+    question's queries in its scores."""
+    context = tiny.tokenize("The secret word is apple. Rivers carry sediment from the mountains to the sea.")
+    question = tiny.tokenize(" What is the secret word?", add_special=False)
+    prompt, c = context + question, len(context)
+
+    def held_after(spec: str, tokens: list[int], spans=None, steps: int = 3) -> set[int]:
+        with Context(tiny, OFF, parse_error(spec), n_ctx=N_CTX, n_batch=8) as ctx:
+            next(generate_all(ctx, [tokens], steps + 1, items=[0], spans=spans, ignore_eos=True))
+            return set(read_cells(ctx)[0].tolist())
+
+    options = ",window=3,kernel=3" if method == "snapkv" else ""
+    agnostic = held_after(f"evict:{method},0.5{options},decode=0,query=agnostic", prompt, [{"context": [(0, c)]}])
+    alone = held_after(f"evict:{method},0.5{options},decode=0", context)
+    assert {p for p in agnostic if p < c} == {p for p in alone if p < c} and len({p for p in agnostic if p < c}) == budget("x,0.5", c)
+    assert set(range(c, len(prompt) + 3)) <= agnostic, "the question and the generated tokens stay"
+    aware = held_after(f"evict:{method},0.5{options},decode=0", prompt)
+    assert len({p for p in aware if p < len(prompt)}) == budget("x,0.5", len(prompt)), "the whole prompt cut to B(P)"
+    with pytest.raises(SpecError, match=r"acts where each prompt's context ends, and nexttoken marks no context \(benches that do: gsm8k, niah, passkey, vt\)"):
+        BENCHMARKS["nexttoken"].check(Configuration.parse("evict:knorm,0.5,query=agnostic"))
 
 
 def test_specs_name_only_the_method_s_options_and_parse_back():

@@ -15,6 +15,7 @@ from ..engine.batching import Generation, generate_all
 from ..engine.cache_free import generate_cache_free, one_pass, pass_context
 from ..engine.context import Context
 from ..engine.model import Model
+from ..engine.perturbation import CacheResident
 from ..engine.positions import GENERATION_SPANS, Spans
 from ..engine.realized import Realized
 from ..engine.speed import Speed
@@ -161,6 +162,12 @@ class Benchmark(ABC):
         (its --positions name a span the benchmark does not declare, say); before anything runs."""
         if config.target.positions is not None:
             config.target.positions.check(cls.name, cls.spans)
+        breaks_at = config.error.breaks_at if isinstance(config.error, CacheResident) else None
+        if breaks_at is not None and breaks_at not in cls.spans:
+            raise SpecError(
+                f"'{config.error.spec}' acts where each prompt's {breaks_at} ends, and {cls.name} marks no {breaks_at} "
+                f"(benches that do: {', '.join(sorted(n for n, b in BENCHMARKS.items() if breaks_at in b.spans))})"
+            )
 
     def prepare(self, model: Model) -> None:
         """Model-dependent set-up (tokenizing a corpus) before ``work`` is asked."""
@@ -261,6 +268,7 @@ class GenerationBenchmark(Benchmark):
                 f"{model.path.name}'s training context of {model.n_ctx_train}: shorten the prompts (fewer shots, shorter data) or --max-tokens"
             )
         named = {n for c, _ in plan if c.target.positions is not None for n in c.target.positions.names}
+        named |= {c.error.breaks_at for c, _ in plan if isinstance(c.error, CacheResident) and c.error.breaks_at}
         spans = self.item_spans(model) if named - set(GENERATION_SPANS) else None
         reference = plan[0][0] if plan[0][0].error.cache_free else None
         control: RunResult | Golden | None = golden

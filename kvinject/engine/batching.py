@@ -104,8 +104,9 @@ def generate_all(
         # all sequences share a decode (each row is computed independently of the others).
         slot = next((s for s in active if s.fed < len(s.prompt)), None)
         if slot is not None:
-            piece = slot.prompt[slot.fed : slot.fed + ctx.n_batch]
-            entries = [(t, slot.fed + j, slot.seq, False) for j, t in enumerate(piece)]
+            cut = ctx.break_in(slot.seq, slot.fed, slot.fed + ctx.n_batch)  # a span's end a cache-resident model acts at
+            piece = slot.prompt[slot.fed : cut or slot.fed + ctx.n_batch]
+            entries = [(t, slot.fed + j, slot.seq, cut is not None and j == len(piece) - 1) for j, t in enumerate(piece)]
             slot.fed += len(piece)
             asks = []
             if slot.fed == len(slot.prompt):

@@ -136,7 +136,14 @@ class Context:
             memory = ll.llama_get_memory(self._ptr)
             n_cells = ll.llama_n_ctx(self._ptr)
             self.resident = ResidentCache(
-                self.error, self.target, model.n_layer, n_cells, lambda seq, p0, p1: ll.llama_memory_seq_rm(memory, seq, p0, p1), self._noise, model.n_head_kv
+                self.error,
+                self.target,
+                model.n_layer,
+                n_cells,
+                lambda seq, p0, p1: ll.llama_memory_seq_rm(memory, seq, p0, p1),
+                self._noise,
+                model.n_head_kv,
+                self._spans,
             )
             if self.error.attention:
                 self.hook.attend(n_cells)
@@ -174,6 +181,15 @@ class Context:
         """Name spans of the tokens of sequence ``seq`` (prompt, generated, a benchmark's), by
         position, for ``--positions``; until the sequence is forgotten."""
         self._spans[seq] = spans
+
+    def break_in(self, seq: int, start: int, stop: int) -> int | None:
+        """Where a prompt piece of ``seq`` from ``start`` to ``stop`` must end early: at the end
+        of the span the context's cache-resident model acts after (its ``breaks_at``), if that
+        falls inside the piece or at its end (where it must ask for logits all the same)."""
+        name = self.error.breaks_at if isinstance(self.error, CacheResident) else None
+        spans = self._spans.get(seq, {}).get(name, []) if name else []
+        end = spans[-1][1] if spans else None
+        return end if end is not None and start < end <= stop else None
 
     def forget(self, seq: int) -> None:
         """Remove one sequence's cells from the cache."""

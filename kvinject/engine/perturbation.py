@@ -220,6 +220,13 @@ class CacheResident(ErrorModel):
         """Needs each decode's attention weights (:meth:`ResidentCache.attention`)."""
         return False
 
+    @property
+    def breaks_at(self) -> str | None:
+        """A span a benchmark declares (``context``) at whose end a prompt's decode must stop and
+        ask for logits, so that the model acts there, before the rest of the prompt (the
+        question) is seen; None: prompts are decoded in pieces of the batch size."""
+        return None
+
     def check_target(self, target: Target, cache: CacheOptions) -> None:
         """Refuse, in one line, a target or cache this transform cannot work with: when a
         configuration is parsed, before anything runs (and again by :meth:`check`)."""

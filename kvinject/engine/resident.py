@@ -66,12 +66,14 @@ class ResidentCache:
         seq_rm: Callable[[int, int, int], None] = lambda seq, p0, p1: None,
         draws: dict[int, Draws | None] | None = None,
         n_head_kv: int = 1,
+        spans: dict[int, dict[str, list[tuple[int, int]]]] | None = None,
     ):
         self.model = model
         self.sites = tuple((c, il) for c in "kv" for il in range(n_layer) if target.wants(c, il))
         self.realized = Realized.empty()
         self._n_layer = n_layer
         self._n_head_kv = n_head_kv
+        self._spans = spans if spans is not None else {}  # the context's, per sequence (Context.mark)
         self._seqs: dict[int, _Tokens] = {}
         self._finished: list[tuple[int, int]] = []  # (tokens, tokens held at the end) of each sequence forgotten so far
         self._seq_rm = seq_rm  # llama_memory_seq_rm of the context: (seq, from position, to position)
@@ -197,6 +199,11 @@ class ResidentCache:
         last token, and several tokens came since the last decode that did (Context.prefill asks
         only for the prompt's last; generation asks for each token)."""
         return self._prompt_ended[seq]
+
+    def span_end(self, seq: int, name: str) -> int | None:
+        """Where the span ``name`` the benchmark marked on ``seq`` ends (its last piece), or None."""
+        spans = self._spans.get(seq, {}).get(name)
+        return spans[-1][1] if spans else None
 
     def state(self, seq: int) -> dict[str, object]:
         """What the model keeps about ``seq`` from decode to decode (cleared with it)."""

@@ -43,8 +43,9 @@ class Evict(CacheResident):
     window: int = 64
     kernel: int = 5
     decode: int | None = None  # compress the prompt, then every DECODE generated tokens (0: never again); None: after every decode
+    query: str | None = None  # "agnostic": compress a prompt's context before its question is decoded; None: the whole prompt (aware)
     name: ClassVar[str] = "evict"
-    syntax: ClassVar[str] = "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5][,decode=N]"
+    syntax: ClassVar[str] = "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5][,decode=N][,query=agnostic|aware]"
     summary: ClassVar[str] = (
         "Eviction after each decode (decode=N: after the prompt, then every N generated tokens; 0: the prompt only) to BUDGET tokens per "
         "sequence (0.25: a ratio of its tokens; 256: tokens), kept ones at their positions: "
@@ -56,7 +57,7 @@ class Evict(CacheResident):
     @classmethod
     def parse(cls, args: list[str], options: dict[str, str]) -> Evict:
         model = super().parse(args, options)
-        extra = sorted(set(options) - {"method", "budget", "decode", *OPTIONS[model.method]})
+        extra = sorted(set(options) - {"method", "budget", "decode", "query", *OPTIONS[model.method]})
         if extra:
             raise SpecError(f"'{model.method}' takes no option '{extra[0]}' (options: {', '.join(OPTIONS[model.method]) or 'none'})")
         return model
@@ -72,6 +73,8 @@ class Evict(CacheResident):
             raise SpecError(f"'evict': a ratio BUDGET must be in (0, 1], got {self.budget}")
         if "." not in self.budget and (ratio.denominator != 1 or ratio < 1):
             raise SpecError(f"'evict': a token BUDGET must be an integer >= 1 (a ratio needs a decimal point: 0.5), got {self.budget}")
+        if self.query not in (None, "agnostic", "aware"):
+            raise SpecError(f"'evict': query must be agnostic (the context compressed before the question) or aware, got '{self.query}'")
         if self.decode is not None and self.decode < 0:
             raise SpecError(f"'evict': decode=N compresses every N generated tokens (0: the prompt only), got {self.decode}")
         if self.sinks < 0 or not 0 <= self.recent <= 1 or self.window < 1 or self.kernel < 1 or self.kernel % 2 == 0:
@@ -86,8 +89,8 @@ class Evict(CacheResident):
     def spec(self) -> str:
         """Only the method's own options (the others do not apply), and decode= where given."""
         options = "".join(f",{key}={getattr(self, key)}" for key in OPTIONS[self.method])
-        decode = "" if self.decode is None else f",decode={self.decode}"
-        return f"{self.name}:{self.method},{self.budget}{options}{decode}"
+        given = "".join(f",{key}={getattr(self, key)}" for key in ("decode", "query") if getattr(self, key) is not None)
+        return f"{self.name}:{self.method},{self.budget}{options}{given}"
 
     def kept(self, n: int) -> int:
         """B(n): how many of a sequence's ``n`` tokens are kept."""
@@ -103,6 +106,10 @@ class Evict(CacheResident):
     @property
     def attention(self) -> bool:
         return METHODS[self.method].reads == "attention"
+
+    @property
+    def breaks_at(self) -> str | None:
+        return "context" if self.query == "agnostic" else None
 
     @property
     def random(self) -> bool:
@@ -130,17 +137,19 @@ class Evict(CacheResident):
         for seq, n0, n1 in grown:
             held = cache.held(seq)
             keep = way.keep(cache, seq, held, n0, n1, self.kept(n1))  # scores accumulate at every decode
-            if cache.asked(seq) and self._due(cache, seq) and keep is not None:  # not within a prompt; every asking decode counts
+            if cache.asked(seq) and self._due(cache, seq, n1) and keep is not None:  # not within a prompt; every asking decode counts
                 cache.remove(seq, np.delete(held, keep))
 
-    def _due(self, cache: ResidentCache, seq: int) -> bool:
+    def _due(self, cache: ResidentCache, seq: int, n: int) -> bool:
         """Whether this decode compresses: every one, or with decode=N a prompt's end and every
-        N-th generated token after it (kvpress's prefill compression and DecodingPress's interval)."""
-        if self.decode is None:
+        N-th generated token after it (kvpress's prefill compression and DecodingPress's interval);
+        with query=agnostic the context's end stands for the prompt's."""
+        if self.decode is None and self.query != "agnostic":
             return True
         state = cache.state(seq)
         if cache.prompt_ended(seq):
             state["decoded since the prompt"] = 0
-            return True
+            # Query-agnostic: the context is compressed where it ends, before the question; the question is not.
+            return self.query != "agnostic" or n == cache.span_end(seq, "context")
         state["decoded since the prompt"] = since = state.get("decoded since the prompt", 0) + 1
-        return self.decode > 0 and since % self.decode == 0
+        return self.decode is None or (self.decode > 0 and since % self.decode == 0)

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from llama_cpp import llama_cpp as ll
 
+from kvinject.benchmarks import BENCHMARKS
 from kvinject.engine import ggml
 from kvinject.engine.batching import generate_all
 from kvinject.engine.bits import bits_per_element
@@ -30,7 +31,6 @@ from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
 from kvinject.error_models.configuration import Configuration
-from kvinject.benchmarks import BENCHMARKS
 from kvinject.error_models.eviction import METHODS
 from kvinject.exceptions import SpecError
 

@@ -14,7 +14,7 @@ from kvinject.exceptions import KvinjectError
 from kvinject.experiments.campaign import campaign_margin, campaign_size
 from kvinject.experiments.store import Store
 
-from .cli_runs import kvinject, swept
+from .cli_runs import PNG, kvinject, swept
 from .tiny_model import N_HEAD_KV, TINY
 
 
@@ -140,8 +140,10 @@ def test_a_campaign_records_every_fault_and_report_maps_them(tmp_path, tiny_path
     assert all(r["masked"] + r["benign"] + r["sdc"] + r["due"] == pytest.approx(1) and r["sdc_low"] <= r["sdc"] <= r["sdc_high"] for r in rows)
     table = kvinject("report", store, "--faults", "bit")
     assert table.returncode == 0 and "1068 faults a row" in table.stdout, table.stderr
-    mixed = kvinject("report", store, "--faults", "bit", "--plot", tmp_path / "x.png")
-    assert mixed.returncode == 2 and "--faults prints a map of its own: give --plot in another report" in mixed.stderr
+    drawn = kvinject("report", store, "--faults", "field,bit", "--plot", tmp_path / "map.png")
+    assert drawn.returncode == 0 and (tmp_path / "map.png").read_bytes()[:8] == PNG and "fault map written to" in drawn.stderr, drawn.stderr
+    mixed = kvinject("report", store, "--faults", "bit", "--outcomes", tmp_path / "x.png")
+    assert mixed.returncode == 2 and "--faults prints a map of its own (--plot draws it): give --outcomes in another report" in mixed.stderr
     # A recorded fault replayed alone: the item decoded by itself lands it where recorded, with the recorded tokens and outcome.
     record = next(r for r in records if r["run"] == 2)
     out = kvinject("replay", store, "--item", 5, "--run", 2, "--format", "json")

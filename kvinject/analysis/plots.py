@@ -291,6 +291,31 @@ def outcomes(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def fault_map(table: pd.DataFrame, by: list[str], path: Path) -> None:
+    """A single-fault campaign's vulnerability map (kvinject/analysis/faults.py): the SDC and DUE
+    rates with their 95% Wilson intervals for each value of ``by`` (a bit position, a field and
+    bit, a layer), a panel per model, bench and stored format."""
+    plt = _pyplot("--faults with --plot")
+    panels = list(table.groupby(["model", "bench", "format"], sort=False))
+    width = max(6.0, 0.32 * max(len(p) for _, p in panels) + 2)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 3.2 * len(panels)), squeeze=False, layout="constrained")
+    for ax, ((model, bench, fmt), part) in zip(axes[:, 0], panels):
+        x = np.arange(len(part))
+        for name, colour, shift in (("sdc", "#e6550d", -0.12), ("due", "#636363", 0.12)):
+            low, high = (np.array([ci[i] for ci in part[f"{name}_ci"]]) for i in (0, 1))
+            rate = part[name].to_numpy()
+            ax.errorbar(x + shift, rate, yerr=[rate - low, high - rate], fmt="o", ms=3, color=colour, capsize=2, label=name.upper())
+        ax.set_xticks(x, [" ".join(str(part[b].iloc[i]) for b in by) for i in range(len(part))], rotation=60, ha="right", fontsize="x-small")
+        ax.set_xlabel(" ".join(by), fontsize="small")
+        ax.set_ylabel("share of single faults")
+        highest = max(high for name in ("sdc_ci", "due_ci") for _, high in part[name])
+        ax.set_ylim(-0.02, min(1.02, max(0.1, highest * 1.1)))
+        ax.set_title(f"{Path(str(model)).name}: {bench}, {fmt} cache, {int(part['faults'].sum())} single faults (95% Wilson intervals)", fontsize="small")
+        ax.legend(fontsize="x-small", loc="upper left")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def divergence_map(offsets: np.ndarray, grids: list[np.ndarray], labels: list[str], title: str, path: Path) -> None:
     """Layer-wise divergence, layers (down) x positions from the first generated token (across),
     a panel per configuration on one logarithmic scale; a distance of exactly 0 is white,

@@ -44,8 +44,8 @@ def report(
         typer.Option(
             "--faults",
             help="Map a fault campaign (faults:1) instead: the shares of single-fault injections masked, benign, SDC and DUE, with 95% "
-            "Wilson intervals, by bit, field, format, layer, kv, head, element or position (several comma-separated, e.g. bit or "
-            "layer,kv; docs/faults.md).",
+            "Wilson intervals, by bit, field, format, layer, kv, head, element, position or stage (several comma-separated, e.g. bit or "
+            "field,bit; docs/faults.md); --plot draws its SDC and DUE rates.",
         ),
     ] = None,
     outcomes: Annotated[
@@ -77,7 +77,6 @@ def report(
                 ("--metric", metric),
                 ("--all-metrics", all_metrics),
                 ("--wide", wide),
-                ("--plot", plot),
                 ("--heatmap", heatmap),
                 ("--frontier", frontier),
                 ("--outcomes", outcomes),
@@ -85,8 +84,8 @@ def report(
             if given
         ]
         if others:
-            raise KvinjectError(f"--faults prints a map of its own: give {', '.join(others)} in another report")
-        _fault_map(records, faults.split(","), output_format)
+            raise KvinjectError(f"--faults prints a map of its own (--plot draws it): give {', '.join(others)} in another report")
+        _fault_map(records, faults.split(","), output_format, plot)
         return
     df = summarize(records)
     if df.empty:
@@ -120,14 +119,18 @@ def report(
         print(render(table, output_format))
 
 
-def _fault_map(records: list, by: list[str], output_format: str) -> None:
-    """--faults: the map, a table per model and bench on a terminal."""
+def _fault_map(records: list, by: list[str], output_format: str, plot: Path | None) -> None:
+    """--faults: the map, a table per model and bench on a terminal; with --plot, its figure."""
     from ..analysis.faults import fault_map, machine, readable
+    from ..analysis.plots import fault_map as draw_fault_map
     from ..analysis.report import render
     from ..analysis.tables import report_table
     from ..experiments.campaign import campaign_size
 
     table = fault_map(records, by)
+    if plot:
+        draw_fault_map(table, [b for b in by if b != "format"], plot)
+        Console(stderr=True).print(f"fault map written to {plot}")
     if output_format != "table":
         print(render(machine(table) if output_format in ("csv", "json") else readable(table, 4), output_format))
         return

@@ -1,11 +1,14 @@
 """Stores written before a change to the code are read, reported and resumed as they were: the
 committed studies' stores (docs/*.results.sqlite) against their tables as `kvinject report
 --format csv` printed them when the package was laid out in layers (tests/fixtures/reports/),
-and each study's grid finds nothing left to run in its store (its keys are unchanged)."""
+each study's grid finds nothing left to run in its store (its keys are unchanged), and the
+tables a results page says it generated are what the command prints from the store."""
 
 import csv
 import io
 import math
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -58,3 +61,24 @@ def test_committed_store_resumes_with_nothing_left(name):
     out = kvinject("sweep", ROOT / "examples" / f"{name}.toml", "--store", ROOT / "docs" / f"{name}.results.sqlite", "--dry-run")
     assert out.returncode == 0, out.stderr
     assert " 0 runs left" in out.stdout, out.stdout
+
+
+# A results page's generated tables: `<!-- kvinject report ARGS -->`, the table that command
+# prints, `<!-- end -->`; the command's paths are the repository's.
+_GENERATED = re.compile(r"<!-- kvinject report (.+?) -->\n(.*?)\n<!-- end -->", re.S)
+PAGES = sorted(p.name for p in (ROOT / "docs").glob("results-*.md") if _GENERATED.search(p.read_text()))
+
+
+def _markdown_rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.strip().splitlines() if line.startswith("|")]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_page_s_tables_regenerate_from_its_store(page):
+    for args, table in _GENERATED.findall((ROOT / "docs" / page).read_text()):
+        out = kvinject("report", *(ROOT / a if a.startswith(("docs/", "examples/")) else a for a in shlex.split(args)))
+        assert out.returncode == 0, out.stderr
+        got, want = _markdown_rows(out.stdout), _markdown_rows(table)
+        assert len(got) == len(want), f"{page}: `kvinject report {args}` printed {len(got)} rows, the page has {len(want)}"
+        for row, (g, w) in enumerate(zip(got, want)):
+            assert len(g) == len(w) and all(_same(a, b) for a, b in zip(g, w)), f"{page}, `{args}`, row {row}: {g} != {w}"

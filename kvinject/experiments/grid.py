@@ -289,17 +289,17 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
     seen: set[tuple[Any, ...]] = set()
 
     def add(model: str, bench: str, options: dict[str, Any], config: Configuration, seed: int, control: bool = False) -> None:
-        paired = None
+        control_cache = None
         if per_cache:  # compared with the control of its own cache types
-            paired = f"{config.cache.type_k}/{config.cache.type_v}"
-            if paired not in {f"{c.type_k}/{c.type_v}" for c in caches}:
-                raise GridError(f"{path}: '{config.label}' stores K/V as {paired}, which has no control: add it to sweep.caches (control_per_cache)")
+            control_cache = f"{config.cache.type_k}/{config.cache.type_v}"
+            if control_cache not in {f"{c.type_k}/{c.type_v}" for c in caches}:
+                raise GridError(f"{path}: '{config.label}' stores K/V as {control_cache}, which has no control: add it to sweep.caches (control_per_cache)")
         try:
             BENCHMARKS[bench].check(config, BENCHMARKS[bench].Options.parse(options))
         except SpecError as e:
             raise GridError(f"{path}: [bench.{bench}] {e}") from None
         opts = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
-        cell = Cell(model, bench, opts, config, seed, runs, control, campaign, paired)
+        cell = Cell(model, bench, opts, config, seed, runs, control, campaign, control_cache)
         identity = (model, bench, opts, config, seed)
         if identity not in seen:
             seen.add(identity)

@@ -7,8 +7,6 @@ tables a results page says it generated are what the command prints from the sto
 import csv
 import io
 import math
-import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from kvinject.analysis.report import load_records
 from kvinject.engine.model import file_sha256, resolve_model
 
 from .cli_runs import kvinject
+from .page_tables import GENERATED, pages, report
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = Path(__file__).resolve().parent / "fixtures" / "reports"
@@ -63,20 +62,14 @@ def test_committed_store_resumes_with_nothing_left(name):
     assert " 0 runs left" in out.stdout, out.stdout
 
 
-# A results page's generated tables: `<!-- kvinject report ARGS -->`, the table that command
-# prints, `<!-- end -->`; the command's paths are the repository's.
-_GENERATED = re.compile(r"<!-- kvinject report (.+?) -->\n(.*?)\n<!-- end -->", re.S)
-PAGES = sorted(p.name for p in (ROOT / "docs").glob("results-*.md") if _GENERATED.search(p.read_text()))
-
-
 def _markdown_rows(text: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.strip().splitlines() if line.startswith("|")]
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", [p.name for p in pages()])
 def test_a_page_s_tables_regenerate_from_its_store(page):
-    for args, table in _GENERATED.findall((ROOT / "docs" / page).read_text()):
-        out = kvinject("report", *(ROOT / a if a.startswith(("docs/", "examples/")) else a for a in shlex.split(args)))
+    for _, args, table, _ in GENERATED.findall((ROOT / "docs" / page).read_text()):
+        out = report(args)
         assert out.returncode == 0, out.stderr
         got, want = _markdown_rows(out.stdout), _markdown_rows(table)
         assert len(got) == len(want), f"{page}: `kvinject report {args}` printed {len(got)} rows, the page has {len(want)}"

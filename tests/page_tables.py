@@ -1,0 +1,37 @@
+"""The tables a results page generates from its store: ``<!-- kvinject report ARGS -->``, the
+table that command prints, ``<!-- end -->`` (paths in ARGS from the repository's root).
+
+``python -m tests.page_tables`` writes every such table of docs/results-*.md anew from the
+stores; tests/test_committed_stores.py checks that they are what the command prints.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATED = re.compile(r"(<!-- kvinject report (.+?) -->\n)(.*?)(\n<!-- end -->)", re.S)
+
+
+def pages() -> list[Path]:
+    return sorted(p for p in (ROOT / "docs").glob("results-*.md") if GENERATED.search(p.read_text()))
+
+
+def report(args: str) -> subprocess.CompletedProcess:
+    """`kvinject report ARGS` as a user runs it from the repository's root."""
+    return subprocess.run([sys.executable, "-m", "kvinject", "report", *shlex.split(args)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def main() -> None:
+    for page in pages():
+        text = GENERATED.sub(lambda m: m[1] + report(m[2]).stdout.strip() + m[4], page.read_text())
+        page.write_text(text)
+        print(f"tables of {page.relative_to(ROOT)} written")
+
+
+if __name__ == "__main__":
+    main()

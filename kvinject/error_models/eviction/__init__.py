@@ -61,4 +61,12 @@ def newest_kept(scores: np.ndarray, budget: int) -> np.ndarray:
     return top(scores, budget)
 
 
+def scored_on_arrival(cache: ResidentCache, seq: int, new: np.ndarray) -> np.ndarray:
+    """Every token's score where each is scored once, as it arrives: those of ``seq``'s tokens
+    so far, then ``new``, those of the tokens this decode brought (kept with the sequence)."""
+    state = cache.state(seq)
+    state["scores"] = scores = np.concatenate([state.get("scores", np.zeros(0)), new])
+    return scores
+
+
 import_modules(__path__, __name__)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import Method, newest_kept, register
+from . import Method, newest_kept, register, scored_on_arrival
 
 
 @register
@@ -20,7 +20,6 @@ class KNorm(Method):
     reads = "keys"
 
     def keep(self, cache, seq, held, n0, n1, budget):
-        state = cache.state(seq)
         norms = np.linalg.norm(cache.keys(seq, n0, n1), axis=-1)  # (layers, tokens, heads)
-        state["scores"] = scores = np.concatenate([state.get("scores", np.zeros(0)), -norms.mean(axis=(0, 2), dtype=np.float64)])
+        scores = scored_on_arrival(cache, seq, -norms.mean(axis=(0, 2), dtype=np.float64))
         return newest_kept(scores[held], budget) if len(held) > budget else None

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from . import Method, newest_kept, register
+from . import Method, newest_kept, register, scored_on_arrival
 
 
 @register
@@ -21,6 +19,5 @@ class Random(Method):
     reads = "draws"
 
     def keep(self, cache, seq, held, n0, n1, budget):
-        state = cache.state(seq)
-        state["scores"] = scores = np.concatenate([state.get("scores", np.zeros(0)), cache.draws(seq).take(n1 - n0)])
+        scores = scored_on_arrival(cache, seq, cache.draws(seq).take(n1 - n0))
         return newest_kept(scores[held], budget) if len(held) > budget else None

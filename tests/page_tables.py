@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-GENERATED = re.compile(r"(<!-- kvinject report (.+?) -->\n)(.*?)(\n<!-- end -->)", re.S)
+GENERATED = re.compile(r"(<!-- kvinject report ([^\n]+) -->\n)(.*?)(<!-- end -->)", re.S)
 
 
 def pages() -> list[Path]:
@@ -28,7 +28,7 @@ def report(args: str) -> subprocess.CompletedProcess:
 
 def main() -> None:
     for page in pages():
-        text = GENERATED.sub(lambda m: m[1] + report(m[2]).stdout.strip() + m[4], page.read_text())
+        text = GENERATED.sub(lambda m: m[1] + report(m[2]).stdout.strip() + "\n" + m[4], page.read_text())
         page.write_text(text)
         print(f"tables of {page.relative_to(ROOT)} written")
 

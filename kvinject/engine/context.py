@@ -186,9 +186,8 @@ class Context:
         """Where a prompt piece of ``seq`` from ``start`` to ``stop`` must end early: at the end
         of the span the context's cache-resident model acts after (its ``breaks_at``), if that
         falls inside the piece or at its end (where it must ask for logits all the same)."""
-        name = self.error.breaks_at if isinstance(self.error, CacheResident) else None
-        spans = self._spans.get(seq, {}).get(name, []) if name else []
-        end = spans[-1][1] if spans else None
+        name = self.resident.model.breaks_at if self.resident is not None else None
+        end = self.resident.span_end(seq, name) if name else None
         return end if end is not None and start < end <= stop else None
 
     def forget(self, seq: int) -> None:

@@ -8,7 +8,6 @@ only=J`` draws all K as the run did and keeps the J-th: that fault without the o
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -53,8 +52,9 @@ def replay(record: dict[str, Any], control: dict[str, Any], item: int, fault: in
     bench = make_bench(s["bench"], s["options"])
     if not isinstance(bench, GenerationBenchmark):
         raise KvinjectError(f"a replay decodes one item of a generation bench again, and {s['bench']} is not one")
-    recorded = (record.get("faults") or [None] * len(bench))[item] if item < len(bench) else None
-    if item >= len(bench) or recorded is None:
+    faults = record.get("faults") or []
+    recorded = faults[item] if item < len(faults) else None
+    if recorded is None:
         raise KvinjectError(f"item {item} of {record['label']} run {record['run']} recorded no faults: give an item of a faults:K run below {len(bench)}")
     config = Configuration.from_dict(s)
     if fault is not None:
@@ -73,10 +73,13 @@ def replay(record: dict[str, Any], control: dict[str, Any], item: int, fault: in
         with generation_context(model, config, s["seed"], record["run"], per_seq, 1) as ctx:
             ((_, gen),) = generate_all(ctx, [prompts[item]], max_tokens, bench.temperature, stop=bench.stop(model), items=[item])
         scores = bench.summarize([bench.score(item, gen)])[1][bench.primary]
-    golden = control["items"][bench.primary][item]
-    golden = math.nan if golden is None else golden  # NaN is stored as null
-    outcomes = classify([control["outputs"][item]], [golden], [gen.tokens], scores, [bench.nonfinite(gen)], bench.higher_is_better[bench.primary])
-    whole = fault is None or len(record["faults"][item]) == 1
+    golden = bench.golden(control)  # its tokens and scores, as the run classified against them
+    if golden is None:
+        raise KvinjectError(f"the control of {record['label']} was stored without its tokens (before session 10): its outcomes cannot be replayed")
+    outcomes = classify(
+        [golden.outputs[item]], [golden.items[bench.primary][item]], [gen.tokens], scores, [bench.nonfinite(gen)], bench.higher_is_better[bench.primary]
+    )
+    whole = fault is None or len(faults[item]) == 1
     return Replayed(
         config.label,
         record["run"],

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import math
 import re
+from dataclasses import fields
 from fractions import Fraction
 
 import numpy as np
@@ -31,6 +32,7 @@ from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
 from kvinject.error_models.configuration import Configuration
+from kvinject.error_models.evict import Evict
 from kvinject.error_models.eviction import METHODS
 from kvinject.exceptions import SpecError
 
@@ -133,10 +135,12 @@ class Reference:
         self.window: list[dict[int, float]] = []
         self.unasked = 0
 
-    def keep(self, held: list[int], n: int, attn: np.ndarray | None, asked: bool, prompt_ended: bool, keys: dict[int, np.ndarray] | None = None) -> set[int]:
+    def keep(
+        self, held: list[int], n: int, attn: np.ndarray | None, asked: bool, prompt_ended: bool, keys: dict | None = None, values: dict | None = None
+    ) -> set[int]:
         """``asked``: the decode asked for the logits of the sequence's last token (a prompt's
-        last piece, or generation); ``prompt_ended``: it was a prompt's last piece; ``keys``:
-        each held position's cached K, (layers, KV heads, head dim)."""
+        last piece, or generation); ``prompt_ended``: it was a prompt's last piece; ``keys`` and
+        ``values``: each held position's cached K and V, (layers, KV heads, head dim)."""
         b, m = budget(self.spec, n), self.model
         if m.method == "h2o":  # every query's attention, summed per token over all decodes
             for p, a in zip(held, attn.sum(0)):
@@ -166,6 +170,8 @@ class Reference:
             scores = {p: -float(np.mean(np.sum(unit[p] * anchor, axis=-1) / np.linalg.norm(anchor, axis=-1))) for p in held}
             scores[held[-1]] = np.inf
             return later_first(scores, b)
+        if m.method == "lagkv":
+            return later_first(lagkv_scores(held, keys, values, m.sinks, m.lag), b)
         if m.method == "h2o":
             recent = max(1, int(b * m.recent))
             older = held[: len(held) - recent]
@@ -176,6 +182,34 @@ class Reference:
         half = m.kernel // 2
         pooled = {p: sum(mean[earlier[j]] for j in range(i - half, i + half + 1) if 0 <= j < len(earlier)) / m.kernel for i, p in enumerate(earlier)}
         return later_first(pooled, b - w) | set(held[len(earlier) :]) if b > w else set(held[-b:])
+
+
+def lagkv_scores(held: list[int], keys: dict, values: dict, sinks: int, lag: int) -> dict[int, float]:
+    """LagKVPress.score, one layer and KV head at a time, partition by partition, then the mean
+    over layers and heads; the newest token kept."""
+    n = len(held)
+    if n < sinks + 2 * lag:
+        scores = {p: 1.0 if i < sinks else (i - sinks) / (n - sinks) for i, p in enumerate(held)}
+    else:
+        parts = (n - sinks) // lag
+        scores = {p: 1.0 for p in held}
+        first = {p: [] for p in held[sinks : sinks + (parts - 1) * lag]}
+        layers, heads = keys[held[0]].shape[:2]
+        for layer in range(layers):
+            for head in range(heads):
+                for j in range(parts - 1):
+                    part, ref = held[sinks + j * lag : sinks + (j + 1) * lag], held[sinks + (j + 1) * lag : sinks + (j + 2) * lag]
+                    both = np.zeros(lag)
+                    for rows in (keys, values):
+                        x = np.array([rows[p][layer, head] for p in part], np.float64)
+                        r = np.array([rows[p][layer, head] for p in ref], np.float64)
+                        spread = ((x - r.min(0)) / (r.max(0) - r.min(0))).std(axis=1, ddof=1)
+                        both += np.exp(spread) / np.exp(spread).sum() / 2
+                    for rank, i in enumerate(sorted(range(lag), key=lambda i: (both[i], i))):
+                        first[part[i]].append(rank / lag)
+        scores |= {p: float(np.mean(r)) for p, r in first.items()}
+    scores[held[-1]] = np.inf
+    return scores
 
 
 def run_checked(model, spec: str, prompts=PROMPTS[:1], n_batch: int = 5, steps: int = 10) -> int:
@@ -207,23 +241,24 @@ def run_checked(model, spec: str, prompts=PROMPTS[:1], n_batch: int = 5, steps: 
             for seq in dict.fromkeys(s for _, _, s, _ in entries):
                 rows = [i for i, e in enumerate(entries) if e[2] == seq]
                 held[seq] += [entries[i][1] for i in rows]
-                attn = keys = None
+                attn = keys = values = None
                 if ctx.error.attention:
                     positions, cache = read_cells(replica, seq)
                     assert sorted(positions.tolist()) == held[seq]
                     attn = attention(model, replica.q, rows, [entries[i][1] for i in rows], positions, cache)
-                if METHODS[ctx.error.method].reads == "keys":  # the cached K, read back from the replica
+                if METHODS[ctx.error.method].reads.startswith("keys"):  # the cached K and V, read back from the replica
                     positions, cache = read_cells(replica, seq)
                     layers = sorted(layer for c, layer in cache if c == "k")
-                    keys = {
-                        int(p): np.stack([cache["k", layer][i] for layer in layers]).reshape(len(layers), N_HEAD_KV, HEAD_DIM) for i, p in enumerate(positions)
-                    }
+                    keys, values = (
+                        {int(p): np.stack([cache[c, layer][i] for layer in layers]).reshape(len(layers), N_HEAD_KV, HEAD_DIM) for i, p in enumerate(positions)}
+                        for c in "kv"
+                    )
                 # A prompt ends where its last token's logits are asked for, several tokens after the last ask.
                 refs[seq].unasked += len(rows)
                 ended = entries[rows[-1]][3] and refs[seq].unasked > 1
                 if entries[rows[-1]][3]:
                     refs[seq].unasked = 0
-                keep = refs[seq].keep(held[seq], held[seq][-1] + 1, attn, bool(entries[rows[-1]][3]), ended, keys)
+                keep = refs[seq].keep(held[seq], held[seq][-1] + 1, attn, bool(entries[rows[-1]][3]), ended, keys, values)
                 assert sorted(read_cells(ctx, seq)[0].tolist()) == sorted(keep), (spec, step, seq)
                 replica.remove(seq, set(held[seq]) - keep)
                 held[seq] = sorted(keep)
@@ -245,7 +280,15 @@ ATTENTION_SPECS = [
 ]
 
 
-KEY_SPECS = ["evict:knorm,6", "evict:knorm,0.5", "evict:keydiff,6", "evict:keydiff,0.5"]
+KEY_SPECS = [
+    "evict:knorm,6",
+    "evict:knorm,0.5",
+    "evict:keydiff,6",
+    "evict:keydiff,0.5",
+    "evict:lagkv,6,sinks=2,lag=3",  # partitions of 3 from 8 held tokens on: a 13-token prompt has 3
+    "evict:lagkv,0.5,sinks=1,lag=4",
+    "evict:lagkv,0.75,sinks=4,lag=8",  # fewer than sinks + 2 lag tokens: sinks and the most recent
+]
 
 
 @pytest.mark.parametrize("spec", POSITION_SPECS + ATTENTION_SPECS + KEY_SPECS)
@@ -423,6 +466,8 @@ def test_keys_are_read_from_a_float_cache_only():
     with pytest.raises(SpecError, match="reads the cached keys, which a q8_0 cache holds in blocks: use an f32, f16 or bf16 K cache"):
         Configuration.parse("evict:knorm,0.5@q8_0/f16")
     assert Configuration.parse("evict:keydiff,0.5@f16/q8_0").error.method == "keydiff", "V may be quantized"
+    with pytest.raises(SpecError, match="reads the cached values, which a q8_0 cache holds in blocks: use an f32, f16 or bf16 V cache"):
+        Configuration.parse("evict:lagkv,0.5@f16/q8_0")
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -431,8 +476,8 @@ def test_every_method_parses_with_its_options_and_evicts_to_its_budget(tiny, nam
     spec parses back, and a sequence holds exactly B(n) tokens, its newest among them, after its
     prompt and after each generated token (SnapKV compresses prompts only)."""
     method = METHODS[name]
-    assert set(method.options()) <= {"sinks", "recent", "window", "kernel"}, "evict takes a method's options by name"
-    spec = f"evict:{name},0.5" + "".join(f",{key}=3" for key in method.options() if key in ("window", "kernel"))
+    assert set(method.options()) <= {f.name for f in fields(Evict)}, "evict takes a method's options by name"
+    spec = f"evict:{name},0.5" + "".join(f",{key}=3" for key in method.options() if key in ("window", "kernel", "lag"))
     assert parse_error(parse_error(spec).spec) == parse_error(spec)
     cache = OFF if method.reads == "attention" else CacheOptions("f16", "f16", "on")
     tokens = tiny.tokenize(PROMPTS[0])

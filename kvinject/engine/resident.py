@@ -147,12 +147,22 @@ class ResidentCache:
         stats = self.realized.k if sites[0][0] == "k" else self.realized.v
         stats.add(before, to_float(stored, self._tensor(sites[0]).kind), len(sites), self._work)
 
-    def keys(self, seq: int, start: int, stop: int) -> np.ndarray:
-        """The cached K of tokens ``start`` to ``stop`` of ``seq`` in every layer, float32, shape
+    def keys(self, seq: int, tokens: np.ndarray) -> np.ndarray:
+        """The cached K of ``seq``'s ``tokens`` (indices, held) in every layer, float32, shape
         (layers, tokens, KV heads, head dim)."""
+        return self._cached("k", seq, tokens)
+
+    def values(self, seq: int, tokens: np.ndarray) -> np.ndarray:
+        """The cached V of ``seq``'s ``tokens``, as :meth:`keys`."""
+        return self._cached("v", seq, tokens)
+
+    def _cached(self, component: str, seq: int, tokens: np.ndarray) -> np.ndarray:
         layers = np.arange(self._n_layer)
-        k = self.read([("k", il) for il in layers], self.cells(seq, layers, start, stop))
-        return k.reshape(*k.shape[:2], self._n_head_kv, -1)
+        cells = self._seqs[seq].cells[tokens][:, layers].T
+        if (self._owner[layers[:, None], cells] != seq << 32 | tokens).any():
+            raise InjectionError(f"a token of sequence {seq} has left the cache; '{self.model.name}' cannot read it")
+        x = self.read([(component, il) for il in layers], cells)
+        return x.reshape(*x.shape[:2], self._n_head_kv, -1)
 
     def held(self, seq: int) -> np.ndarray:
         """The tokens of ``seq`` still in the cache, in order."""

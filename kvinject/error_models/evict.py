@@ -8,7 +8,7 @@ prompt decoded in pieces is not cut between them: the references prefill a promp
 with full attention before they compress, so every prompt token attends to the whole prompt
 (and H2O's sums count every prompt query). Which tokens a sequence keeps is the method's, one
 file each in kvinject/error_models/eviction/ (window, streaming, random, tova, h2o, snapkv,
-knorm, keydiff), as their papers' code defines them.
+knorm, keydiff, lagkv), as their papers' code defines them.
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ class Evict(CacheResident):
     recent: float = 0.5
     window: int = 64
     kernel: int = 5
+    lag: int = 128
     decode: int | None = None  # compress the prompt, then every DECODE generated tokens (0: never again); None: after every decode
     query: str | None = None  # "agnostic": compress a prompt's context before its question is decoded; None: the whole prompt (aware)
     name: ClassVar[str] = "evict"
-    syntax: ClassVar[str] = "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5][,decode=N][,query=agnostic|aware]"
+    syntax: ClassVar[str] = "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5|lag=128][,decode=N][,query=agnostic|aware]"
     summary: ClassVar[str] = (
         "Eviction after each decode (decode=N: after the prompt, then every N generated tokens; 0: the prompt only) to BUDGET tokens per "
         "sequence (0.25: a ratio of its tokens; 256: tokens), kept ones at their positions: "
@@ -77,8 +78,8 @@ class Evict(CacheResident):
             raise SpecError(f"'evict': query must be agnostic (the context compressed before the question) or aware, got '{self.query}'")
         if self.decode is not None and self.decode < 0:
             raise SpecError(f"'evict': decode=N compresses every N generated tokens (0: the prompt only), got {self.decode}")
-        if self.sinks < 0 or not 0 <= self.recent <= 1 or self.window < 1 or self.kernel < 1 or self.kernel % 2 == 0:
-            raise SpecError(f"'evict': sinks >= 0, recent in [0, 1], window >= 1 and an odd kernel >= 1 needed, got {self.spec}")
+        if self.sinks < 0 or not 0 <= self.recent <= 1 or self.window < 1 or self.kernel < 1 or self.kernel % 2 == 0 or self.lag < 2:
+            raise SpecError(f"'evict': sinks >= 0, recent in [0, 1], window >= 1, an odd kernel >= 1 and lag >= 2 needed, got {self.spec}")
         if self.method == "streaming" and "." not in self.budget and self.sinks >= ratio:  # it would keep budget - 1, not what the label says
             raise SpecError(
                 f"'evict:streaming,{self.budget}' keeps at most {ratio - 1} sinks beside one recent token, and sinks={self.sinks} asks for more: "
@@ -124,8 +125,11 @@ class Evict(CacheResident):
             raise SpecError(f"'{self.name}' removes whole tokens from every layer's K and V: leave --target and --layers at their defaults")
         if self.attention and cache.flash_attn_type != 0:
             raise SpecError(f"'{self.name}:{self.method}' reads attention weights, which flash attention does not materialize: use --flash-attn off")
-        if METHODS[self.method].reads == "keys" and cache.type_k not in ("f32", "f16", "bf16"):
-            raise SpecError(f"'{self.name}:{self.method}' reads the cached keys, which a {cache.type_k} cache holds in blocks: use an f32, f16 or bf16 K cache")
+        read = {"keys": "K", "keys and values": "KV"}.get(METHODS[self.method].reads, "")
+        for component, kind in (("K", cache.type_k), ("V", cache.type_v)):
+            if component in read and kind not in ("f32", "f16", "bf16"):
+                what = "keys" if component == "K" else "values"
+                raise SpecError(f"'{self.name}:{self.method}' reads the cached {what}, which a {kind} cache holds in blocks: use an f32, f16 or bf16 {component} cache")
 
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         """The cache's bits; the kept share of the tokens scales them (kvinject.engine.bits). With no
@@ -136,9 +140,11 @@ class Evict(CacheResident):
         way = self.way
         for seq, n0, n1 in grown:
             held = cache.held(seq)
-            keep = way.keep(cache, seq, held, n0, n1, self.kept(n1))  # scores accumulate at every decode
-            if cache.asked(seq) and self._due(cache, seq, n1) and keep is not None:  # not within a prompt; every asking decode counts
-                cache.remove(seq, np.delete(held, keep))
+            way.observe(cache, seq, held, n0, n1)  # scores accumulate at every decode
+            if cache.asked(seq) and self._due(cache, seq, n1) and len(held) > self.kept(n1):  # not within a prompt; every asking decode counts
+                keep = way.keep(cache, seq, held, self.kept(n1))
+                if keep is not None:
+                    cache.remove(seq, np.delete(held, keep))
 
     def _due(self, cache: ResidentCache, seq: int, n: int) -> bool:
         """Whether this decode compresses: every one, or with decode=N a prompt's end and every

@@ -3,8 +3,9 @@ tokens a sequence keeps, one small dataclass per method in a file of this packag
 by name, as kvpress has one press per file (github.com/NVIDIA/kvpress, kvpress/presses/).
 
 A method's fields are its options (``sinks``, ``window``, ...), which ``evict`` takes by name;
-:meth:`Method.keep` gets the sequence's tokens in the cache and its budget and returns the ones
-to keep. llama.cpp holds a token in one cell for every layer and head, so one set is kept per
+:meth:`Method.observe` sees every decode (scores that accumulate), and :meth:`Method.keep`, called
+only where the cache is cut, gets the sequence's tokens in the cache and its budget and returns
+the ones to keep, so that a method scores no more often than it cuts. llama.cpp holds a token in one cell for every layer and head, so one set is kept per
 sequence, where the references choose per layer (and per KV head): scores are the mean over
 layers and heads. Every method keeps a sequence's newest token (llama.cpp requires the next
 position of a sequence to follow the last it holds), and among equal scores the later token.
@@ -35,17 +36,20 @@ def register(cls: type[Method]) -> type[Method]:
 class Method(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]  # a few words for `kvinject errors`
-    reads: ClassVar[str] = ""  # what it scores from besides positions: "attention" (flash attention off), "keys", "draws"
+    reads: ClassVar[str] = ""  # what it scores from besides positions: "attention" (flash attention off), "keys", "keys and values", "draws"
 
     @classmethod
     def options(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
 
+    def observe(self, cache: ResidentCache, seq: int, held: np.ndarray, n0: int, n1: int) -> None:
+        """After every decode, the one that brought ``seq`` from ``n0`` to ``n1`` tokens (``held``:
+        its tokens in the cache, in order), before any cut: what the scores accumulate."""
+
     @abstractmethod
-    def keep(self, cache: ResidentCache, seq: int, held: np.ndarray, n0: int, n1: int, budget: int) -> np.ndarray | None:
-        """After a decode that brought ``seq`` from ``n0`` to ``n1`` tokens: the indices into
-        ``held`` (its tokens in the cache, in order) of the ``budget`` to keep, or None to keep
-        them all. Called at every decode, so that scores may accumulate."""
+    def keep(self, cache: ResidentCache, seq: int, held: np.ndarray, budget: int) -> np.ndarray | None:
+        """Where the decode cuts ``seq``, holding more than ``budget`` tokens: the indices into
+        ``held`` of the ``budget`` to keep, or None to keep them all."""
 
 
 def top(scores: np.ndarray, k: int) -> np.ndarray:
@@ -61,12 +65,33 @@ def newest_kept(scores: np.ndarray, budget: int) -> np.ndarray:
     return top(scores, budget)
 
 
-def scored_on_arrival(cache: ResidentCache, seq: int, new: np.ndarray) -> np.ndarray:
-    """Every token's score where each is scored once, as it arrives: those of ``seq``'s tokens
-    so far, then ``new``, those of the tokens this decode brought (kept with the sequence)."""
-    state = cache.state(seq)
-    state["scores"] = scores = np.concatenate([state.get("scores", np.zeros(0)), new])
-    return scores
+class Rows:
+    """Rows a sequence gains decode by decode (a score, a unit key per token), in a buffer that
+    doubles: concatenating would copy every row at every generated token."""
+
+    def __init__(self) -> None:
+        self._buffer: np.ndarray | None = None
+        self._n = 0
+
+    def append(self, rows: np.ndarray) -> None:
+        end = self._n + len(rows)
+        if self._buffer is None:
+            self._buffer = rows[:0]
+        if end > len(self._buffer):
+            grown = np.empty((max(end, 2 * len(self._buffer)), *rows.shape[1:]), rows.dtype)
+            grown[: self._n] = self._buffer[: self._n]
+            self._buffer = grown
+        self._buffer[self._n : end] = rows
+        self._n = end
+
+    def __getitem__(self, index: np.ndarray) -> np.ndarray:
+        return self._buffer[: self._n][index]
+
+
+def scored_on_arrival(cache: ResidentCache, seq: int, new: np.ndarray) -> None:
+    """Where each token is scored once, as it arrives: add ``new``, the scores of the tokens this
+    decode brought, to ``seq``'s (``cache.state(seq)["scores"]``, kept with the sequence)."""
+    cache.state(seq).setdefault("scores", Rows()).append(new)
 
 
 import_modules(__path__, __name__)

@@ -20,14 +20,15 @@ class H2O(Method):
     summary = "accumulated attention + recent share"
     reads = "attention"
 
-    def keep(self, cache, seq, held, n0, n1, budget):
+    def observe(self, cache, seq, held, n0, n1):
         state = cache.state(seq)
         sums = np.zeros(n1)
         sums[: len(state.get("sums", ()))] = state.get("sums", ())
         sums[held] += cache.attention(seq).sum(0)
         state["sums"] = sums
-        if len(held) <= budget:
-            return None
+
+    def keep(self, cache, seq, held, budget):
+        sums = cache.state(seq)["sums"]
         recent = max(1, int(budget * self.recent))
         older = len(held) - recent
         return np.concatenate([top(sums[held[:older]], budget - recent), np.arange(older, len(held))])

@@ -2,8 +2,8 @@
 KV Cache Eviction for Long-Context LLM Inference in Resource-Constrained Environments", 2025):
 each token's score is minus the cosine similarity of its key to the anchor, the mean of the
 held tokens' unit keys, in each layer and KV head, then the mean over them; the keys least like
-the others are kept. The anchor moves as tokens come and go, so the unit keys are kept and the
-scores taken when the sequence is over its budget."""
+the others are kept. The anchor moves as tokens come and go, so the unit keys are kept as they
+arrive and the scores taken where the cache is cut."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import Method, newest_kept, register
+from . import Method, Rows, newest_kept, register
 
 
 @register
@@ -21,13 +21,13 @@ class KeyDiff(Method):
     summary = "keys least like the mean key"
     reads = "keys"
 
-    def keep(self, cache, seq, held, n0, n1, budget):
-        state = cache.state(seq)
-        keys = cache.keys(seq, n0, n1).transpose(1, 0, 2, 3)  # (tokens, layers, heads, dim)
+    def observe(self, cache, seq, held, n0, n1):
+        keys = cache.keys(seq, np.arange(n0, n1)).transpose(1, 0, 2, 3)  # (tokens, layers, heads, dim)
         unit = keys / np.maximum(np.linalg.norm(keys, axis=-1, keepdims=True), 1e-8)  # torch's cosine_similarity eps
-        state["unit"] = units = np.concatenate([state["unit"], unit]) if "unit" in state else unit
-        if len(held) <= budget:
-            return None
-        anchor = units[held].mean(axis=0)  # (layers, heads, dim)
-        cosine = np.einsum("tlhd,lhd->tlh", units[held], anchor) / np.maximum(np.linalg.norm(anchor, axis=-1), 1e-8)
+        cache.state(seq).setdefault("unit", Rows()).append(unit)
+
+    def keep(self, cache, seq, held, budget):
+        units = cache.state(seq)["unit"][held]
+        anchor = units.mean(axis=0)  # (layers, heads, dim)
+        cosine = np.einsum("tlhd,lhd->tlh", units, anchor) / np.maximum(np.linalg.norm(anchor, axis=-1), 1e-8)
         return newest_kept(-cosine.mean(axis=(1, 2), dtype=np.float64), budget)

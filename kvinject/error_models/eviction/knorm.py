@@ -19,7 +19,9 @@ class KNorm(Method):
     summary = "lowest key norms"
     reads = "keys"
 
-    def keep(self, cache, seq, held, n0, n1, budget):
-        norms = np.linalg.norm(cache.keys(seq, n0, n1), axis=-1)  # (layers, tokens, heads)
-        scores = scored_on_arrival(cache, seq, -norms.mean(axis=(0, 2), dtype=np.float64))
-        return newest_kept(scores[held], budget) if len(held) > budget else None
+    def observe(self, cache, seq, held, n0, n1):
+        norms = np.linalg.norm(cache.keys(seq, np.arange(n0, n1)), axis=-1)  # (layers, tokens, heads)
+        scored_on_arrival(cache, seq, -norms.mean(axis=(0, 2), dtype=np.float64))
+
+    def keep(self, cache, seq, held, budget):
+        return newest_kept(cache.state(seq)["scores"][held], budget)

@@ -18,6 +18,8 @@ class Random(Method):
     summary = "a uniform sample"
     reads = "draws"
 
-    def keep(self, cache, seq, held, n0, n1, budget):
-        scores = scored_on_arrival(cache, seq, cache.draws(seq).take(n1 - n0))
-        return newest_kept(scores[held], budget) if len(held) > budget else None
+    def observe(self, cache, seq, held, n0, n1):
+        scored_on_arrival(cache, seq, cache.draws(seq).take(n1 - n0))
+
+    def keep(self, cache, seq, held, budget):
+        return newest_kept(cache.state(seq)["scores"][held], budget)

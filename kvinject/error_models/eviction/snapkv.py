@@ -21,17 +21,20 @@ class SnapKV(Method):
     summary = "prompt's last window, pooled, once per prompt"
     reads = "attention"
 
-    def keep(self, cache, seq, held, n0, n1, budget):
+    def observe(self, cache, seq, held, n0, n1):
         # The attention of the latest `window` queries on every token, kept across a prompt's pieces.
         state = cache.state(seq)
         rows = np.zeros((n1 - n0, n1))
         rows[:, held] = cache.attention(seq)
         earlier = state.get("window", np.zeros((0, n1)))
         state["window"] = np.concatenate([np.pad(earlier, ((0, 0), (0, n1 - earlier.shape[1]))), rows])[-self.window :]
-        if not cache.prompt_ended(seq) or len(held) <= budget:
+
+    def keep(self, cache, seq, held, budget):
+        if not cache.prompt_ended(seq):
             return None
         w = min(self.window, len(held))
-        scores = state["window"][:, held[: len(held) - w]].mean(0)
+        window = cache.state(seq)["window"]
+        scores = window[:, held[: len(held) - w]].mean(0)
         half = self.kernel // 2  # zero-padded, as F.avg_pool1d(padding=kernel // 2); "same" would widen fewer than kernel scores
         pooled = np.convolve(scores, np.ones(self.kernel) / self.kernel, "full")[half : half + len(scores)]
         return np.concatenate([top(pooled, budget - w), np.arange(len(held) - w, len(held))]) if budget > w else np.arange(len(held) - budget, len(held))

@@ -17,8 +17,6 @@ class Streaming(Method):
     name = "streaming"
     summary = "sinks + recent"
 
-    def keep(self, cache, seq, held, n0, n1, budget):
-        if len(held) <= budget:
-            return None
+    def keep(self, cache, seq, held, budget):
         sinks = min(self.sinks, budget - 1)
         return np.concatenate([np.arange(sinks), np.arange(len(held) - (budget - sinks), len(held))])

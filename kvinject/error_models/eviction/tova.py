@@ -15,5 +15,5 @@ class Tova(Method):
     summary = "last query's attention"
     reads = "attention"
 
-    def keep(self, cache, seq, held, n0, n1, budget):
-        return newest_kept(cache.attention(seq)[-1], budget) if len(held) > budget else None
+    def keep(self, cache, seq, held, budget):
+        return newest_kept(cache.attention(seq)[-1], budget)

@@ -15,5 +15,5 @@ class Window(Method):
     name = "window"
     summary = "the last B tokens"
 
-    def keep(self, cache, seq, held, n0, n1, budget):
-        return np.arange(len(held) - budget, len(held)) if len(held) > budget else None
+    def keep(self, cache, seq, held, budget):
+        return np.arange(len(held) - budget, len(held))

@@ -128,8 +128,8 @@ class Evict(CacheResident):
         read = {"keys": "K", "keys and values": "KV"}.get(METHODS[self.method].reads, "")
         for component, kind in (("K", cache.type_k), ("V", cache.type_v)):
             if component in read and kind not in ("f32", "f16", "bf16"):
-                what = "keys" if component == "K" else "values"
-                raise SpecError(f"'{self.name}:{self.method}' reads the cached {what}, which a {kind} cache holds in blocks: use an f32, f16 or bf16 {component} cache")
+                what = f"'{self.name}:{self.method}' reads the cached {'keys' if component == 'K' else 'values'}"
+                raise SpecError(f"{what}, which a {kind} cache holds in blocks: use an f32, f16 or bf16 {component} cache")
 
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         """The cache's bits; the kept share of the tokens scales them (kvinject.engine.bits). With no

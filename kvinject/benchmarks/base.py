@@ -17,6 +17,7 @@ from ..engine.context import Context
 from ..engine.model import Model
 from ..engine.perturbation import CacheResident
 from ..engine.positions import GENERATION_SPANS, Spans
+from ..engine.prefills import Prefills
 from ..engine.realized import Realized
 from ..engine.speed import Speed
 from ..error_models.configuration import Configuration
@@ -272,9 +273,10 @@ class GenerationBenchmark(Benchmark):
         spans = self.item_spans(model) if named - set(GENERATION_SPANS) else None
         reference = plan[0][0] if plan[0][0].error.cache_free else None
         control: RunResult | Golden | None = golden
+        prefills = Prefills()  # prompts decoded once for the configurations that leave them alone (eviction)
         for config, runs in plan:
             for run in runs:
-                result = self._run(model, config, run, seed, prompts, control.outputs if control else None, reference, progress, spans)
+                result = self._run(model, config, run, seed, prompts, control.outputs if control else None, reference, progress, spans, prefills)
                 if control is None:
                     control = result
                 else:  # each item against the golden run, as fault campaigns classify them
@@ -301,6 +303,7 @@ class GenerationBenchmark(Benchmark):
         reference: Configuration | None,
         progress: Progress,
         spans: list[Spans] | None = None,
+        prefills: Prefills | None = None,
     ) -> RunResult:
         """One run; with a cache-free ``reference`` (the control), each item's logits are
         compared with those of one pass over its tokens with the reference's cache (the
@@ -322,7 +325,15 @@ class GenerationBenchmark(Benchmark):
                 generations = generate_cache_free(ctx, verify, prompts, max_tokens, self.stop(model), items=range(n))
             else:
                 generations = generate_all(
-                    ctx, prompts, max_tokens, self.temperature, stop=self.stop(model), items=range(n), keep_logits=reference is not None, spans=spans
+                    ctx,
+                    prompts,
+                    max_tokens,
+                    self.temperature,
+                    stop=self.stop(model),
+                    items=range(n),
+                    keep_logits=reference is not None,
+                    spans=spans,
+                    prefills=prefills,
                 )
             judge = stack.enter_context(pass_context(model, reference.cache, per_seq)) if reference is not None and control is not None else None
             for i, gen in generations:

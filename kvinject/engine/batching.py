@@ -27,6 +27,7 @@ from .positions import MAX_POSITION, Spans
 
 if TYPE_CHECKING:
     from .context import Context
+    from .prefills import Prefills
 
 
 @dataclass
@@ -68,6 +69,7 @@ def generate_all(
     prefixes: Sequence[Sequence[int]] | None = None,
     keep_logits: bool = False,
     spans: Sequence[Spans] | None = None,
+    prefills: Prefills | None = None,
 ) -> Iterator[tuple[int, Generation]]:
     """Generate after every prompt, up to ``ctx.n_seq`` at a time; yield ``(index, generation)``
     as each finishes. ``items[i]`` seeds prompt ``i`` (see ``Context.begin_item``); without
@@ -80,7 +82,9 @@ def generate_all(
     with the prompt, and the generation (its limits, ``stop`` and the result) starts with them.
     ``keep_logits`` keeps the logits of every pick in ``Generation.logits``. Each sequence's
     tokens are marked as ``prompt`` and ``generated`` (a prefix counts as generated), with the
-    spans ``spans[i]`` of prompt ``i`` a benchmark declares, for ``--positions``."""
+    spans ``spans[i]`` of prompt ``i`` a benchmark declares, for ``--positions``. With
+    ``prefills``, what configurations decode alike of a prompt is decoded by the first only
+    (``Context.resume``)."""
     prefixes = prefixes or [()] * len(prompts)
     for p in prompts:
         if not 0 < len(p) < ctx.n_ctx_seq:
@@ -99,7 +103,13 @@ def generate_all(
             n = len(prompts[index])
             ctx.mark(seq, {"prompt": [(0, n)], "generated": [(n, MAX_POSITION + 1)], **(spans[index] if spans is not None else {})})
             prefix = list(prefixes[index])
-            active.append(_Slot(seq, index, [*prompts[index], *prefix], out=prefix, prefix=len(prefix), rows=[] if keep_logits else None))
+            slot = _Slot(seq, index, [*prompts[index], *prefix], out=prefix, prefix=len(prefix), rows=[] if keep_logits else None)
+            slot.fed, logits = ctx.resume(seq, prompts[index], prefills) if not prefix else (0, None)
+            if logits is not None and _step(ctx, slot, logits, max_tokens, temperature, stop, ignore_eos):  # the whole prompt restored
+                free.append(seq)
+                yield index, Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, slot.first, _rows(slot), ctx.faults(seq))
+                continue
+            active.append(slot)
         # A prompt piece is decoded alone, as when its item runs by itself; generated tokens of
         # all sequences share a decode (each row is computed independently of the others).
         slot = next((s for s in active if s.fed < len(s.prompt)), None)
@@ -120,8 +130,11 @@ def generate_all(
             if _step(ctx, slot, ctx.logits(i), max_tokens, temperature, stop, ignore_eos):
                 active.remove(slot)
                 free.append(slot.seq)
-                rows = np.array(slot.rows) if slot.rows is not None else None
-                yield slot.index, Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, slot.first, rows, ctx.faults(slot.seq))
+                yield slot.index, Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, slot.first, _rows(slot), ctx.faults(slot.seq))
+
+
+def _rows(slot: _Slot) -> np.ndarray | None:
+    return np.array(slot.rows) if slot.rows is not None else None
 
 
 def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop, ignore_eos: bool) -> bool:

@@ -37,8 +37,6 @@ class Writes:
     """One decode's cache writes."""
 
     cells: np.ndarray  # (layers, rows): the cell each batch row went to in each layer's cache, -1 where unknown
-    tensors: dict[tuple[str, int], int]  # (component, layer) -> the cache tensor written
-    transposed: dict[tuple[str, int], bool]  # (component, layer) -> stored transposed (V without flash attention)
     counts: dict[tuple[str, int], int]  # (component, layer) -> cache writes in the decode
     attention: np.ndarray | None = None  # (rows, cells): each row's mean attention weight on each cell, when read (kvinject/engine/attention.py)
 
@@ -62,6 +60,7 @@ class CacheWrites:
         self._keys = np.zeros(INDEX_CAPACITY, np.int64)
         self._rows = np.zeros(0, np.int64)
         self._sites: dict[int, tuple[str, int] | None] = {}  # cache tensors live as long as the context
+        self.tensors: dict[tuple[str, int], tuple[int, bool]] = {}  # (component, layer) -> (cache tensor, transposed), once learned
         head[gc.WRITES], head[gc.WRITES_CAP] = self._table.ctypes.data, len(self._table)
         head[gc.INDEX_KEYS], head[gc.INDEX_CAP] = self._keys.ctypes.data, INDEX_CAPACITY
         head[gc.TENSOR_GET] = ctypes.cast(ggml.lib().ggml_backend_tensor_get, ctypes.c_void_p).value
@@ -77,16 +76,27 @@ class CacheWrites:
         rows = int(head[gc.ROWS])
         index = self._rows[: INDEX_CAPACITY * rows].reshape(INDEX_CAPACITY, rows)
         cells = np.full((self._n_layer, rows), -1, np.int64)
-        tensors, transposed, counts = {}, {}, {}
+        counts = {}
         for tensor, slot in self._table[: head[gc.N_WRITES]].tolist():
             site = self._site(tensor)
             if site is None:
                 continue
-            tensors[site], transposed[site] = tensor, slot < 0
             counts[site] = counts.get(site, 0) + 1
             if site[0] == "k" and slot >= 0:
                 cells[site[1]] = index[slot]
-        return Writes(cells, tensors, transposed, counts)
+        return Writes(cells, counts)
+
+    def learn(self, nodes: list[int]) -> None:
+        """Note the cache tensors a learning decode of one token writes (:attr:`tensors`), so that
+        they may be read before any decode of the hook's own: a sequence restored from a snapshot."""
+        for ptr in nodes:
+            t = ggml.tensor(ptr)
+            if t.op != ggml.GGML_OP_SET_ROWS:
+                continue
+            tensor = t.view_src or ptr
+            site = self._site(tensor)
+            if site is not None:  # a transposed V's index names each element of the token's row
+                self.tensors[site] = (tensor, ggml.numel(ggml.tensor(t.src[1])) > 1)
 
     def _site(self, tensor: int) -> tuple[str, int] | None:
         if tensor not in self._sites:

@@ -6,6 +6,7 @@ import ctypes
 import os
 import re
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
@@ -13,12 +14,14 @@ from llama_cpp import llama_cpp as ll
 
 from ..exceptions import InjectionError, ModelError, SpecError
 from .bits import bits_per_element
+from .cache_writes import Writes
 from .ggml import CACHE_TYPES
 from .hook import KVHook
 from .llama_log import captured_log
 from .options import CacheOptions
 from .perturbation import CacheResident, ErrorModel, NoError, check_groups, check_selection
 from .positions import Spans
+from .prefills import Prefills, Seen, Snapshot
 from .realized import Realized
 from .resident import ResidentCache
 from .residual import ResidualStream
@@ -48,6 +51,17 @@ def _rotation(enabled: bool) -> Iterator[None]:
 
 
 _KV_SIZE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB .*K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
+
+
+@dataclass
+class _Watch:
+    """A prompt to snapshot: its sequence, the tokens to decode first, where to keep it."""
+
+    seq: int
+    end: int
+    key: tuple
+    prefills: Prefills
+    seen: list[Seen] = field(default_factory=list)
 
 
 class Context:
@@ -107,6 +121,7 @@ class Context:
         self._spans: dict[int, Spans] = {}  # the spans --positions may name, per sequence
         self._lengths: dict[int, int] = {}  # tokens decoded per sequence, for bits per element
         self._finished: list[int] = []  # and of the sequences forgotten
+        self._watch: _Watch | None = None  # a prompt to snapshot once decoded far enough (kvinject/engine/prefills.py)
         self._seed(0, [seed, run])
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -144,6 +159,7 @@ class Context:
                 self._noise,
                 model.n_head_kv,
                 self._spans,
+                self.hook.writes.tensors,  # learned below
             )
             if self.error.attention:
                 self.hook.attend(n_cells)
@@ -190,8 +206,51 @@ class Context:
         end = self.resident.span_end(seq, name) if name else None
         return end if end is not None and start < end <= stop else None
 
+    def resume(self, seq: int, prompt: Sequence[int], prefills: Prefills | None) -> tuple[int, np.ndarray | None]:
+        """For a prompt begun on ``seq`` (its spans marked), the part that every configuration
+        sharing ``prefills`` decodes alike (kvinject/engine/prefills.py): restored if a snapshot
+        of it is kept, with the model replaying what it saw, returning how many tokens that is
+        and, where that is the whole prompt, its last token's logits; otherwise a snapshot is
+        taken once the decodes get there (0, None). Only a cache-resident model that acts at the
+        prompt's end (``shares_prefill``), with one sequence in the context, shares."""
+        if prefills is None or self.resident is None or not self.error.shares_prefill or self.n_seq != 1:
+            return 0, None
+        name = self.error.breaks_at
+        end = self.resident.span_end(seq, name) if name else len(prompt)
+        key = (self.cache, self.n_ctx_seq, self.n_batch, self.error.attention, tuple(prompt[:end]))
+        ll.llama_memory_clear(ll.llama_get_memory(self._ptr), False)  # the cells from 0 on, as a restore puts them
+        snapshot = prefills.get(key)
+        if snapshot is None:
+            self._watch = _Watch(seq, end, key, prefills)
+            return 0, None
+        if ll.llama_state_seq_set_data(self._ptr, snapshot.state, len(snapshot.state), seq) != len(snapshot.state):
+            raise InjectionError(f"llama.cpp could not restore the snapshot of a prompt's first {end} tokens")
+        for seen in snapshot.seen:
+            self.resident.after_decode(list(seen.entries), seen.writes)
+        self._lengths[seq] = end
+        return end, snapshot.logits if end == len(prompt) else None  # a context's end asks for logits only so that the model acts
+
+    def _snapshot(self, entries: Sequence[tuple[int, int, int, bool]], writes: Writes) -> None:
+        """Note a decode of the watched prompt; at its end, keep the snapshot (before the model acts)."""
+        watch = self._watch
+        if entries[0][2] != watch.seq:
+            return
+        watch.seen.append(Seen(tuple(entries), writes))
+        if entries[-1][1] + 1 < watch.end:
+            return
+        self._watch = None
+        cells = np.concatenate([s.writes.cells for s in watch.seen], axis=1)
+        if not (cells == np.arange(watch.end)).all():
+            return  # elsewhere than a restore would put them
+        state = (ctypes.c_uint8 * ll.llama_state_seq_get_size(self._ptr, watch.seq))()
+        ll.llama_state_seq_get_data(self._ptr, state, len(state), watch.seq)
+        logits = self.logits(len(entries) - 1).copy() if entries[-1][3] else None
+        watch.prefills.put(watch.key, Snapshot(watch.end, state, tuple(watch.seen), logits))
+
     def forget(self, seq: int) -> None:
         """Remove one sequence's cells from the cache."""
+        if self._watch is not None and self._watch.seq == seq:
+            self._watch = None
         self._spans.pop(seq, None)
         self._finish(seq)
         ll.llama_memory_seq_rm(ll.llama_get_memory(self._ptr), seq, -1, -1)
@@ -284,6 +343,8 @@ class Context:
         if self.hook is not None:
             writes = self.hook.finish_decode()
             if self.resident is not None:  # after the decode, as KIVI quantizes after each step's attention
+                if self._watch is not None:
+                    self._snapshot(entries, writes)
                 self.resident.after_decode(entries, writes)
 
     def _segments(self, entries: Sequence[tuple[int, int, int, bool]]) -> list[tuple[Draws | None, int]]:

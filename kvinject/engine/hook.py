@@ -216,6 +216,8 @@ class KVHook:
         if ptrs:
             ggml.check_layout(ptrs[0])
         nodes = [GraphNode.read(ptr) for ptr in ptrs]
+        if self.writes is not None:
+            self.writes.learn(ptrs)
         names = dict(self._names)
         if self.error.pre_rope:  # K as RoPE reads it may carry a tag (Gemma's Kcur_normed-<il>), as the callback allows
             for node in nodes:

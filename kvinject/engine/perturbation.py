@@ -227,6 +227,12 @@ class CacheResident(ErrorModel):
         question) is seen; None: prompts are decoded in pieces of the batch size."""
         return None
 
+    @property
+    def shares_prefill(self) -> bool:
+        """Changes nothing before a prompt (or its ``breaks_at`` span) is decoded to its end, so
+        that configurations may share that decode (kvinject/engine/prefills.py)."""
+        return False
+
     def check_target(self, target: Target, cache: CacheOptions) -> None:
         """Refuse, in one line, a target or cache this transform cannot work with: when a
         configuration is parsed, before anything runs (and again by :meth:`check`)."""

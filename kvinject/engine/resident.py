@@ -67,6 +67,7 @@ class ResidentCache:
         draws: dict[int, Draws | None] | None = None,
         n_head_kv: int = 1,
         spans: dict[int, dict[str, list[tuple[int, int]]]] | None = None,
+        tensors: dict[tuple[str, int], tuple[int, bool]] | None = None,
     ):
         self.model = model
         self.sites = tuple((c, il) for c in "kv" for il in range(n_layer) if target.wants(c, il))
@@ -83,8 +84,8 @@ class ResidentCache:
         self._asked: dict[int, bool] = {}
         self._attention: np.ndarray | None = None
         self._owner = np.full((n_layer, n_cells), -1, np.int64)  # seq << 32 | token, per layer and cell
+        self._cache = tensors if tensors is not None else {}  # (component, layer) -> (cache tensor, transposed), learned by the hook
         self._tensors: dict[tuple[str, int], CacheTensor] = {}
-        self._writes: Writes | None = None
         self._work = Workspace()
 
     def after_decode(self, entries: list[tuple[int, int, int, bool]], writes: Writes) -> None:
@@ -114,7 +115,6 @@ class ResidentCache:
             if entries[rows[-1]][3]:
                 tokens.unasked = 0
         self._attention = writes.attention
-        self._writes = self._writes or writes  # where the cache tensors are: they live as long as the context
         self.model.after_decode(self, grown)
         self._rows.clear()
 
@@ -129,7 +129,7 @@ class ResidentCache:
     def _tensor(self, site: tuple[str, int]) -> CacheTensor:
         """A cache tensor, opened when first read or written (eviction edits none, so a quantized cache will do)."""
         if not self._tensors:
-            self._tensors = {site: CacheTensor(self._writes.tensors[site], self._writes.transposed[site]) for site in self.sites}
+            self._tensors = {site: CacheTensor(*self._cache[site]) for site in self.sites}
             for component in "kv":  # read and written together, in one array
                 if len({(t.width, t.kind) for (c, _), t in self._tensors.items() if c == component}) > 1:
                     raise ModelError(f"this model's layers store {component.upper()} rows of different widths or types; '{self.model.name}' cannot handle them")

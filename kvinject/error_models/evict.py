@@ -113,6 +113,10 @@ class Evict(CacheResident):
         return "context" if self.query == "agnostic" else None
 
     @property
+    def shares_prefill(self) -> bool:
+        return True  # it cuts at a prompt's (or its context's) end at the earliest: every piece before is asked for no logits
+
+    @property
     def random(self) -> bool:
         return METHODS[self.method].reads == "draws"
 

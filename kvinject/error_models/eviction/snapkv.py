@@ -33,8 +33,9 @@ class SnapKV(Method):
         if not cache.prompt_ended(seq):
             return None
         w = min(self.window, len(held))
-        window = cache.state(seq)["window"]
-        scores = window[:, held[: len(held) - w]].mean(0)
+        if budget <= w:  # the window alone is over the budget: its last B
+            return np.arange(len(held) - budget, len(held))
+        scores = cache.state(seq)["window"][:, held[: len(held) - w]].mean(0)
         half = self.kernel // 2  # zero-padded, as F.avg_pool1d(padding=kernel // 2); "same" would widen fewer than kernel scores
         pooled = np.convolve(scores, np.ones(self.kernel) / self.kernel, "full")[half : half + len(scores)]
-        return np.concatenate([top(pooled, budget - w), np.arange(len(held) - w, len(held))]) if budget > w else np.arange(len(held) - budget, len(held))
+        return np.concatenate([top(pooled, budget - w), np.arange(len(held) - w, len(held))])

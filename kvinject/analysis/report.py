@@ -88,8 +88,8 @@ def select(records: list[dict[str, Any]], filters: list[str]) -> list[dict[str, 
             taken[key] = sorted({str(flat[key]) for flat in flats if key in flat})
         hint = "; ".join(f"{k} takes {', '.join(v[:12])}{', ...' if len(v) > 12 else ''}" for k, v in taken.items())
         raise KvinjectError(f"no records match {' '.join(filters)}: {hint}")
-    compared = {_experiment(r) for r in records if id(r) in chosen}
-    return [r for r in records if id(r) in chosen or (r["settings"].get("control") and _experiment(r) in compared)]
+    compared = {experiment_key(r) for r in records if id(r) in chosen}
+    return [r for r in records if id(r) in chosen or (r["settings"].get("control") and experiment_key(r) in compared)]
 
 
 def _canonical(key: str, value: str) -> str:
@@ -106,7 +106,7 @@ def _canonical(key: str, value: str) -> str:
     return value
 
 
-def _experiment(record: dict[str, Any]) -> str:
+def experiment_key(record: dict[str, Any]) -> str:
     """What a record is compared within: model file, bench, options, seed, the backend settings
     labels leave out (flash attention, rotation, as requested: one per run or grid) and, where a
     grid gave each cache its own control, the cache types of that control."""
@@ -117,8 +117,8 @@ def _experiment(record: dict[str, Any]) -> str:
 
 def control_of(records: list[dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:
     """The control ``record`` is compared with among ``records`` (its experiment's)."""
-    experiment = _experiment(record)
-    control = next((r for r in records if r["settings"].get("control") and _experiment(r) == experiment), None)
+    experiment = experiment_key(record)
+    control = next((r for r in records if r["settings"].get("control") and experiment_key(r) == experiment), None)
     if control is None:
         raise KvinjectError(f"no control of {record['label']} in these stores: give the store that holds it too")
     return control
@@ -142,11 +142,11 @@ def _result(record: dict[str, Any]) -> RunResult:
 
 
 def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per (experiment, configuration, metric), each experiment (:func:`_experiment`)
+    """One row per (experiment, configuration, metric), each experiment (:func:`experiment_key`)
     compared with its own control."""
     experiments: dict[str, list[dict[str, Any]]] = {}
     for r in records:
-        experiments.setdefault(_experiment(r), []).append(r)
+        experiments.setdefault(experiment_key(r), []).append(r)
     rows = []
     for group in experiments.values():
         controls = [r for r in group if r["settings"].get("control")]

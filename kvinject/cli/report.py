@@ -54,6 +54,15 @@ def report(
             "--outcomes", help="Draw the shares of items masked, benign, SDC and DUE per configuration to this PNG (fault campaigns; needs matplotlib)."
         ),
     ] = None,
+    board: Annotated[
+        bool,
+        typer.Option(
+            "--board",
+            help="A board per model, as kvpress's leaderboard: eviction methods down, compression ratios across, each cell the score over every "
+            "bench's items with its interval, marked where it differs from the control; quantizers at the same bits per element "
+            "(examples/ruler-board.toml, docs/results-board.md).",
+        ),
+    ] = False,
 ) -> None:
     """Merge results stores and print the study-style table: score, CIs, percent of control and
     the paired test, per bench and configuration."""
@@ -70,6 +79,13 @@ def report(
         raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
     check_writable(plot, heatmap, frontier, outcomes)
     records = select(load_records(stores), filters or [])
+    if board:
+        others = [flag for flag, given in (("--faults", faults), ("--metric", metric), ("--all-metrics", all_metrics), ("--plot", plot)) if given]
+        others += [flag for flag, given in (("--heatmap", heatmap), ("--frontier", frontier), ("--outcomes", outcomes), ("--wide", wide)) if given]
+        if others:
+            raise KvinjectError(f"--board prints a board of its own: give {', '.join(others)} in another report")
+        _board(records, output_format)
+        return
     if faults:
         others = [
             flag
@@ -144,3 +160,23 @@ def _fault_map(records: list, by: list[str], output_format: str, plot: Path | No
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _board(records: list, output_format: str) -> None:
+    """--board: a table per model on a terminal or in markdown; every cell's numbers otherwise."""
+    from ..analysis.board import board, layout
+    from ..analysis.report import render
+    from ..analysis.tables import report_table
+
+    table = board(records)
+    if output_format in ("csv", "json", "latex"):
+        print(render(table, output_format))
+        return
+    for title, part in layout(table):
+        if output_format == "markdown":
+            print(f"{title}\n\n{render(part, output_format)}\n")
+            continue
+        console.print(title, style="italic", highlight=False)
+        print_table(report_table(part))
+    if output_format == "table":
+        console.print("(low–high): 95% interval over items; ↓ ↑: below or above the control, paired test p < 0.05", style="dim", highlight=False)

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from kvinject.analysis.report import summarize
+from kvinject.engine.speed import Speed
 from kvinject.experiments.grid import GridError, bench_labels, load_grid
 from kvinject.experiments.store import Store
 from kvinject.experiments.sweep import Sweep
@@ -354,6 +355,25 @@ def test_dry_run_estimate_counts_parallel_generation(tmp_path, tiny_path):
             sw = Sweep(load_grid(path), store)
             estimates[parallel] = sw.estimate_seconds(sw.plan())
     assert estimates[1] > estimates[8] == estimates[32]  # no gain beyond 8 sequences on 2 cores
+
+
+def test_dry_run_estimate_counts_a_prompt_once_for_the_eviction_configurations_sharing_it(tmp_path, tiny_path):
+    """With one sequence per context, the second and later eviction configurations that read
+    what the first reads restore its prompts (kvinject/engine/prefills.py): they cost generation only."""
+    grid = "[sweep]\nmodels = ['{model}']\nruns = 1\nparallel = {parallel}\nflash_attn = 'off'\n[bench.niah]\nlengths = [1024]\n[[errors]]\nspec = {specs}\n"
+    seconds = {}
+    grids = [(1, ["evict:knorm,0.5"]), (1, ["evict:knorm,0.5", "evict:window,0.5"]), (1, ["evict:knorm,0.5", "evict:tova,0.5"])]
+    for parallel, specs in grids:
+        path = tmp_path / f"g{len(seconds)}.toml"
+        path.write_text(grid.format(model=tiny_path, parallel=parallel, specs=specs).replace("'", '"'))
+        with Store(tmp_path / f"e{len(seconds)}.sqlite") as store:
+            sw = Sweep(load_grid(path), store)
+            seconds[parallel, tuple(specs)] = sw.estimate_seconds([p for p in sw.plan() if not p.cell.control])
+    one = seconds[1, ("evict:knorm,0.5",)]
+    generation = Speed(1, prompts=False).generation(1, 1024, 128) * 10  # niah's 10 items at 1024 tokens, 128 generated
+    assert seconds[1, ("evict:knorm,0.5", "evict:window,0.5")] == pytest.approx(one + generation)
+    assert seconds[1, ("evict:knorm,0.5", "evict:tova,0.5")] == pytest.approx(2 * one), "tova reads attention: it decodes its own"
+    assert generation < one / 2
 
 
 def test_report_rows_from_different_grids_show_the_settings_they_differ_in(tmp_path, tiny_path):

@@ -23,6 +23,7 @@ SHORT, PREFILL_ATTN_S, DECODE_ATTN_S = 512, 1.8e-6, 1.0e-5
 @dataclass(frozen=True)
 class Speed:
     parallel: int = CPU_PARALLEL  # sequences generated together
+    prompts: bool = True  # False: a generation's prompt is restored from another configuration's (kvinject/engine/prefills.py)
 
     @property
     def decode_tok_s(self) -> float:
@@ -36,4 +37,5 @@ class Speed:
     def generation(self, items: int, prompt_tokens: float, new_tokens: float) -> float:
         """Seconds for ``items`` generations of ``new_tokens`` after ``prompt_tokens`` each."""
         long = max(0.0, prompt_tokens - SHORT)
-        return items * (self.prefill(prompt_tokens, prompt_tokens) + new_tokens * (1 / self.decode_tok_s + DECODE_ATTN_S * long))
+        prefill = self.prefill(prompt_tokens, prompt_tokens) if self.prompts else 0.0
+        return items * (prefill + new_tokens * (1 / self.decode_tok_s + DECODE_ATTN_S * long))

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..benchmarks import Benchmark, make_bench
 from ..engine.model import CPU_PARALLEL, Model, file_sha256, resolve_model
 from ..engine.options import BackendOptions
+from ..engine.perturbation import CacheResident
 from ..engine.speed import Speed
 from ..exceptions import KvinjectError, SpecError
 from .campaign import campaign_runs
@@ -132,9 +133,19 @@ class Sweep:
         return {group: claims[key] for group in self._controls if (key := self.group_key(group)) in claims}
 
     def estimate_seconds(self, planned: list[Planned]) -> float:
-        """Rough seconds on 2 CPU cores; generation at the grid's --parallel, else the CPU default."""
-        speed = Speed(self.grid.parallel or CPU_PARALLEL)
-        return sum(self.bench(p.cell).estimate_seconds(len(p.runs), speed) for p in planned)
+        """Rough seconds on 2 CPU cores; generation at the grid's --parallel, else the CPU default.
+        An eviction configuration after the first of its group that reads what it reads (with
+        one sequence per context) restores the prompts that one decoded (kvinject/engine/prefills.py)."""
+        parallel = self.grid.parallel or CPU_PARALLEL
+        decoded: set[tuple] = set()
+        total = 0.0
+        for p in planned:
+            error, cache = p.cell.config.error, p.cell.config.cache
+            shares = parallel == 1 and isinstance(error, CacheResident) and error.shares_prefill
+            key = (p.cell.group, cache, error.attention, error.breaks_at) if shares else None
+            total += self.bench(p.cell).estimate_seconds(len(p.runs), Speed(parallel, prompts=key is None or key not in decoded))
+            decoded.add(key)
+        return total
 
     def run(self, progress: Progress | None = None, notice: Callable[[str], None] | None = None, stored: Callable[[str], None] | None = None) -> int:
         """Evaluate what is missing, group by group; every finished run is stored at once.

@@ -20,7 +20,7 @@ def bits_per_element(
     head_dim_k: int,
     head_dim_v: int,
     lengths: Sequence[int] = (),
-    kept: Sequence[int] = (),
+    kept: Sequence[float] = (),
 ) -> float:
     """The mean over every layer's K and V components: a targeted one at the error model's bits
     (a compressor stores no more than the cache type holds), the others at their cache type's;

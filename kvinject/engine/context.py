@@ -160,6 +160,7 @@ class Context:
                 model.n_head_kv,
                 self._spans,
                 self.hook.writes.tensors,  # learned below
+                self.hook.hide_cells(n_cells) if self.error.hides else None,
             )
             if self.error.attention:
                 self.hook.attend(n_cells)

@@ -18,7 +18,9 @@ anything else (other models, device memory) is handed back to a Python function,
 each cache write once computed where a model flips bits of the stored blocks. For
 cache-resident models it records instead where each decode writes K and V in the cache
 (:mod:`kvinject.engine.cache_writes`), and for those that evict by attention it claims each layer's
-attention weights and sums them (:mod:`kvinject.engine.attention`). To measure layer-wise divergence
+attention weights and sums them (:mod:`kvinject.engine.attention`), and where eviction keeps a token for some KV heads of a layer
+and not others it claims each layer's attention logits and hides those cells from the others
+(:mod:`kvinject.engine.hidden`). To measure layer-wise divergence
 it claims each layer's output, the residual stream, and copies it (:mod:`kvinject.engine.residual`).
 """
 
@@ -54,7 +56,8 @@ RESID, RESID_CAP, RESID_EMBD, RESID_LAYERS, RESID_TABLE = range(46, 51)  # each 
 QUEUE, N_QUEUED = range(51, 53)  # changes of one claim left to Python: (tensor, site, at) triples, how many
 COLUMNS_K, COLUMNS_V = range(53, 55)  # --heads: which components of a K or V row get the error (0: all)
 WRITTEN = 55  # a Python function called with each cache write once computed (faults in quantized blocks), or 0
-HEADER = 56
+KQ_HIDDEN, KQ_STRIDE, KQ_HEADS_KV = range(56, 59)  # cells hidden from a layer's KV head (kvinject/engine/hidden.py): table, its stride, KV heads
+HEADER = 59
 LAW_SLOTS = 5
 
 # Modes.
@@ -425,6 +428,39 @@ def _add_attention(head, t):
     head[ATTN_HEADS] = heads
 
 
+# llama.cpp names each layer's attention logits, K·Q before the soft max, 'kq-<il>' (llama-graph.cpp, build_attn_mha).
+_KQ = np.frombuffer(b"kq-", np.uint8)
+
+
+@njit(cache=True)
+def _hide(head, t):
+    """A layer's attention logits, (heads, rows, cells) with cells fastest: -inf wherever the
+    table hides the cell from the query head's KV head, so that the soft max gives it no weight,
+    as if the cell were not there."""
+    ne = carray(_i64(t + _NE), 4)
+    n_kv, rows, heads = ne[0], ne[1], ne[2]
+    buffer = carray(_i64(t + _BUFFER), 1)[0]
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], t) != 0 and _ggml_test(head[IS_HOST], buffer) != 0
+    layer = _layer(carray(_u8(t + _NAME), 16), len(_KQ))
+    heads_kv, stride = head[KQ_HEADS_KV], head[KQ_STRIDE]
+    if not ok or ne[3] != 1 or n_kv > stride or layer < 0 or heads % heads_kv != 0:
+        _fail(head, BAD_SOFT_MAX, -1, n_kv)
+        return
+    x = carray(_f32(carray(_i64(t + _DATA), 1)[0]), heads * rows * n_kv)
+    hidden = carray(_u8(head[KQ_HIDDEN] + layer * heads_kv * stride), heads_kv * stride)
+    cells = np.empty(n_kv, np.int64)
+    for kv in range(heads_kv):
+        n = 0
+        for j in range(n_kv):
+            if hidden[kv * stride + j] != 0:
+                cells[n] = j
+                n += 1
+        for h in range(kv * (heads // heads_kv), (kv + 1) * (heads // heads_kv)):
+            for i in range(rows):
+                for c in range(n):
+                    x[(h * rows + i) * n_kv + cells[c]] = -np.inf
+
+
 # llama.cpp's model graphs name each layer's output, the residual stream after attention and FFN, 'l_out-<il>'.
 _L_OUT = np.frombuffer(b"l_out-", np.uint8)
 
@@ -457,6 +493,8 @@ def callback(t, ask, user_data):
     if ask == 0:
         if head[WRITTEN] != 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:
             _python_written(head[WRITTEN], t)
+        if head[KQ_HIDDEN] != 0 and _has_prefix(t, _KQ):
+            _hide(head, t)
         if head[ATTN] != 0 and _is_soft_max(t):
             _add_attention(head, t)
         if head[RESID] != 0:
@@ -477,6 +515,8 @@ def callback(t, ask, user_data):
     if head[WRITES_CAP] > 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:
         _record(head, t)
     if head[ATTN] != 0 and _is_soft_max(t):  # claimed: its weights are summed once computed
+        return 1
+    if head[KQ_HIDDEN] != 0 and _has_prefix(t, _KQ):  # claimed: hidden cells are set to -inf once computed
         return 1
     claimed = _ask(head, t)
     if claimed == 0 and head[RESID] != 0 and _l_out_layer(t) >= 0:  # claimed: copied once computed

@@ -35,6 +35,7 @@ from .blocks import BlockFaults
 from .cache_writes import CacheWrites, Writes
 from .device import DeviceChange
 from .graph_plan import GraphNode, Plan
+from .hidden import HiddenCells
 from .perturbation import CacheResident, ErrorModel
 from .realized import Realized, RealizedStats, Staging, Workspace
 from .sites import Placed, locate
@@ -133,6 +134,7 @@ class KVHook:
         )
         self.writes = None if entry else CacheWrites(head, n_layer)
         self.attention: AttentionSums | None = None
+        self.hidden: HiddenCells | None = None
         self._n_layer = n_layer
         self.callback = ll.ggml_backend_sched_eval_callback(gc.callback.address)
         self.user_data = ctypes.c_void_p(head.ctypes.data)
@@ -146,6 +148,11 @@ class KVHook:
         """Read every layer's attention weights from the graph (a cache-resident model that
         evicts by attention; ``n_cells``: the context's cells)."""
         self.attention = AttentionSums(self._head, n_cells)
+
+    def hide_cells(self, n_cells: int) -> HiddenCells:
+        """Hide cells from some KV heads of a layer (eviction per head or per layer): the table."""
+        self.hidden = HiddenCells(self._head, self._n_layer, self._n_head_kv, n_cells)
+        return self.hidden
 
     def stream(self, rng: np.random.Generator, tokens: int | None = None, generated: int = 0) -> Draws | Variates | None:
         """A noise stream for one benchmark item of ``tokens`` prompt tokens, if known, and up to

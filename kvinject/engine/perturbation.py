@@ -228,6 +228,11 @@ class CacheResident(ErrorModel):
         return None
 
     @property
+    def hides(self) -> bool:
+        """Hides cells from some KV heads of a layer (:meth:`ResidentCache.hide`; flash attention off)."""
+        return False
+
+    @property
     def shares_prefill(self) -> bool:
         """Changes nothing before a prompt (or its ``breaks_at`` span) is decoded to its end, so
         that configurations may share that decode (kvinject/engine/prefills.py)."""

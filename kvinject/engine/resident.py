@@ -18,6 +18,7 @@ import numpy as np
 from ..exceptions import InjectionError, ModelError
 from .cache_tensor import CacheTensor, from_float, to_float
 from .cache_writes import Writes
+from .hidden import HiddenCells
 from .realized import Realized, Workspace
 from .target import Target
 from .variates import Draws
@@ -68,6 +69,7 @@ class ResidentCache:
         n_head_kv: int = 1,
         spans: dict[int, dict[str, list[tuple[int, int]]]] | None = None,
         tensors: dict[tuple[str, int], tuple[int, bool]] | None = None,
+        hidden: HiddenCells | None = None,
     ):
         self.model = model
         self.sites = tuple((c, il) for c in "kv" for il in range(n_layer) if target.wants(c, il))
@@ -76,7 +78,8 @@ class ResidentCache:
         self._n_head_kv = n_head_kv
         self._spans = spans if spans is not None else {}  # the context's, per sequence (Context.mark)
         self._seqs: dict[int, _Tokens] = {}
-        self._finished: list[tuple[int, int]] = []  # (tokens, tokens held at the end) of each sequence forgotten so far
+        self._finished: list[tuple[int, float]] = []  # (tokens, tokens held at the end) of each sequence forgotten so far
+        self._hidden = hidden  # cells hidden from some KV heads of a layer (kvinject/engine/hidden.py)
         self._seq_rm = seq_rm  # llama_memory_seq_rm of the context: (seq, from position, to position)
         self._draws = draws if draws is not None else {}
         self._rows: dict[int, np.ndarray] = {}  # this decode's batch rows of each sequence
@@ -180,12 +183,33 @@ class ResidentCache:
             raise InjectionError(f"'{self.model.name}' removes a token of sequence {seq} that the cache does not hold")
         layers = np.arange(self._n_layer)
         cells = seqs.cells[tokens].T
+        if self._hidden is not None:
+            self._hidden.show(layers, cells)
         owner = self._owner[layers[:, None], cells]
         self._owner[layers[:, None], cells] = np.where(owner == seq << 32 | tokens, -1, owner)  # cells() refuses them now
         seqs.held[tokens] = False
         breaks = np.flatnonzero(np.diff(tokens) != 1) + 1
         for run in np.split(tokens, breaks):
             self._seq_rm(seq, int(run[0]), int(run[-1]) + 1)
+
+    def hide(self, seq: int, layer: int, kv_head: int, tokens: np.ndarray) -> None:
+        """Hide ``tokens`` of ``seq`` from one KV head of one layer: its queries give them no
+        weight from the next decode on (kvinject/engine/hidden.py)."""
+        if self._hidden is None:
+            raise InjectionError(f"'{self.model.name}' hides tokens from single heads, and this context hides none")
+        cells = self._seqs[seq].cells[tokens, layer]
+        if (self._owner[layer, cells] != seq << 32 | tokens).any():
+            raise InjectionError(f"a token of sequence {seq} has left the cache; '{self.model.name}' cannot hide it")
+        self._hidden.hide(layer, kv_head, cells)
+
+    def _held_share(self, seq: int) -> float:
+        """The tokens ``seq`` holds, less the share hidden from layers and heads."""
+        held = self.held(seq)
+        if self._hidden is None or not len(held):
+            return float(len(held))
+        layers = np.arange(self._n_layer)
+        hidden = self._hidden.table[layers[:, None], :, self._seqs[seq].cells[held].T]  # (layers, tokens, KV heads)
+        return len(held) - float(hidden.sum()) / (self._n_layer * self._n_head_kv)
 
     def attention(self, seq: int) -> np.ndarray:
         """The attention of this decode's rows of ``seq`` on each token it held during the
@@ -229,14 +253,20 @@ class ResidentCache:
         return [n for n, _ in self._finished] + [tokens.n for tokens in self._seqs.values()]
 
     @property
-    def kept(self) -> list[int]:
-        """The tokens of each sequence of :attr:`lengths` the cache held at its end (or holds now)."""
-        return [held for _, held in self._finished] + [int(tokens.held[: tokens.n].sum()) for tokens in self._seqs.values()]
+    def kept(self) -> list[float]:
+        """The tokens of each sequence of :attr:`lengths` the cache held at its end (or holds now),
+        those hidden from some layers and heads counted by the share that sees them."""
+        return [held for _, held in self._finished] + [self._held_share(seq) for seq in self._seqs]
 
     def forget(self, seq: int) -> None:
-        tokens = self._seqs.pop(seq, None)
-        if tokens is not None and tokens.n:
-            self._finished.append((tokens.n, int(tokens.held[: tokens.n].sum())))
+        if seq not in self._seqs:
+            return
+        held, share = self.held(seq), self._held_share(seq)
+        if self._hidden is not None and len(held):
+            self._hidden.show(np.arange(self._n_layer), self._seqs[seq].cells[held].T)
+        tokens = self._seqs.pop(seq)
+        if tokens.n:
+            self._finished.append((tokens.n, share))
 
     def clear(self) -> None:
         for seq in list(self._seqs):

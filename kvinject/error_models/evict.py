@@ -22,6 +22,7 @@ import numpy as np
 from ..engine.perturbation import CacheResident
 from ..exceptions import SpecError
 from .eviction import METHODS, Method
+from .eviction.allocation import ALLOCATIONS, ada, pyramid
 from .registry import register
 
 if TYPE_CHECKING:
@@ -43,22 +44,29 @@ class Evict(CacheResident):
     window: int = 64
     kernel: int = 5
     lag: int = 128
+    alloc: str | None = None  # budgets per KV head ("ada", with alpha) or per layer ("pyramid", with window and beta); None: one set per sequence
+    alpha: float = 0.2
+    beta: int = 20
     decode: int | None = None  # compress the prompt, then every DECODE generated tokens (0: never again); None: after every decode
     query: str | None = None  # "agnostic": compress a prompt's context before its question is decoded; None: the whole prompt (aware)
     name: ClassVar[str] = "evict"
-    syntax: ClassVar[str] = "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5|lag=128][,decode=N][,query=agnostic|aware]"
+    syntax: ClassVar[str] = (
+        "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5|lag=128][,alloc=ada[,alpha=0.2]|pyramid[,window=64,beta=20]][,decode=N][,query=agnostic|aware]"
+    )
     summary: ClassVar[str] = (
         "Eviction after each decode (decode=N: after the prompt, then every N generated tokens; 0: the prompt only) to BUDGET tokens per "
         "sequence (0.25: a ratio of its tokens; 256: tokens), kept ones at their positions: "
         + ", ".join(f"{name} ({method.summary})" for name, method in METHODS.items())
-        + " (kvinject/error_models/eviction/)."
+        + " (kvinject/error_models/eviction/). alloc=ada or pyramid (knorm, keydiff, lagkv; decode=0, flash attention off): budgets per KV head"
+        " of a layer (AdaKV) or per layer (PyramidKV), cells hidden from the heads that drop them."
     )
     example: ClassVar[str] = "evict:streaming,1024,sinks=4"
 
     @classmethod
     def parse(cls, args: list[str], options: dict[str, str]) -> Evict:
         model = super().parse(args, options)
-        extra = sorted(set(options) - {"method", "budget", "decode", "query", *OPTIONS[model.method]})
+        allocation = ALLOCATIONS[model.alloc].split(",") if model.alloc in ALLOCATIONS else []
+        extra = sorted(set(options) - {"method", "budget", "decode", "query", "alloc", *allocation, *OPTIONS[model.method]})
         if extra:
             raise SpecError(f"'{model.method}' takes no option '{extra[0]}' (options: {', '.join(OPTIONS[model.method]) or 'none'})")
         return model
@@ -76,6 +84,15 @@ class Evict(CacheResident):
             raise SpecError(f"'evict': a token BUDGET must be an integer >= 1 (a ratio needs a decimal point: 0.5), got {self.budget}")
         if self.query not in (None, "agnostic", "aware"):
             raise SpecError(f"'evict': query must be agnostic (the context compressed before the question) or aware, got '{self.query}'")
+        if self.alloc is not None and self.alloc not in ALLOCATIONS:
+            raise SpecError(f"'evict': alloc must be ada (budgets per KV head) or pyramid (per layer), got '{self.alloc}'")
+        if self.alloc is not None and METHODS[self.method].head_scores is Method.head_scores:
+            with_heads = ", ".join(name for name, m in METHODS.items() if m.head_scores is not Method.head_scores)
+            raise SpecError(f"'evict:{self.method}' scores tokens as a whole: alloc={self.alloc} needs scores per head ({with_heads})")
+        if self.alloc is not None and self.decode != 0:
+            raise SpecError(f"'evict': alloc={self.alloc} compresses a prompt once, as kvpress's presses: add decode=0")
+        if not 0 <= self.alpha <= 1 or self.beta < 1:
+            raise SpecError(f"'evict': alpha in [0, 1] and beta >= 1 needed, got {self.spec}")
         if self.decode is not None and self.decode < 0:
             raise SpecError(f"'evict': decode=N compresses every N generated tokens (0: the prompt only), got {self.decode}")
         if self.sinks < 0 or not 0 <= self.recent <= 1 or self.window < 1 or self.kernel < 1 or self.kernel % 2 == 0 or self.lag < 2:
@@ -90,7 +107,8 @@ class Evict(CacheResident):
     def spec(self) -> str:
         """Only the method's own options (the others do not apply), and decode= where given."""
         options = "".join(f",{key}={getattr(self, key)}" for key in OPTIONS[self.method])
-        given = "".join(f",{key}={getattr(self, key)}" for key in ("decode", "query") if getattr(self, key) is not None)
+        allocation = [key for key in ALLOCATIONS.get(self.alloc, "").split(",") if key and key not in OPTIONS[self.method]]
+        given = "".join(f",{key}={getattr(self, key)}" for key in ("alloc", *allocation, "decode", "query") if getattr(self, key) is not None)
         return f"{self.name}:{self.method},{self.budget}{options}{given}"
 
     def kept(self, n: int) -> int:
@@ -113,6 +131,10 @@ class Evict(CacheResident):
         return "context" if self.query == "agnostic" else None
 
     @property
+    def hides(self) -> bool:
+        return self.alloc is not None
+
+    @property
     def shares_prefill(self) -> bool:
         return True  # it cuts at a prompt's (or its context's) end at the earliest: every piece before is asked for no logits
 
@@ -127,6 +149,8 @@ class Evict(CacheResident):
         # Removing a token frees its cell in every layer, K and V alike; values are not edited, so any cache type will do.
         if target.components != "kv" or target.layers is not None:
             raise SpecError(f"'{self.name}' removes whole tokens from every layer's K and V: leave --target and --layers at their defaults")
+        if self.alloc is not None and cache.flash_attn_type != 0:
+            raise SpecError(f"'{self.spec}' hides cells from single heads in attention logits, which flash attention never builds: use --flash-attn off")
         if self.attention and cache.flash_attn_type != 0:
             raise SpecError(f"'{self.name}:{self.method}' reads attention weights, which flash attention does not materialize: use --flash-attn off")
         read = {"keys": "K", "keys and values": "KV"}.get(METHODS[self.method].reads, "")
@@ -146,9 +170,21 @@ class Evict(CacheResident):
             held = cache.held(seq)
             way.observe(cache, seq, held, n0, n1)  # scores accumulate at every decode
             if cache.asked(seq) and self._due(cache, seq, n1) and len(held) > self.kept(n1):  # not within a prompt; every asking decode counts
+                if self.alloc is not None:
+                    self._allocate(cache, seq, held, way.head_scores(cache, seq, held), self.kept(n1))
+                    continue
                 keep = way.keep(cache, seq, held, self.kept(n1))
                 if keep is not None:
                     cache.remove(seq, np.delete(held, keep))
+
+    def _allocate(self, cache: ResidentCache, seq: int, held: np.ndarray, scores: np.ndarray, budget: int) -> None:
+        """Budgets per layer or head: a token no head keeps leaves the cache, the others are hidden
+        from the heads that drop them."""
+        kept = ada(scores, budget, self.alpha) if self.alloc == "ada" else pyramid(scores, budget, self.window, self.beta)
+        anywhere = kept.any(axis=(0, 1))
+        cache.remove(seq, held[~anywhere])
+        for layer, head in np.ndindex(kept.shape[:2]):
+            cache.hide(seq, layer, head, held[anywhere & ~kept[layer, head]])
 
     def _due(self, cache: ResidentCache, seq: int, n: int) -> bool:
         """Whether this decode compresses: every one, or with decode=N a prompt's end and every

@@ -46,6 +46,12 @@ class Method(ABC):
         """After every decode, the one that brought ``seq`` from ``n0`` to ``n1`` tokens (``held``:
         its tokens in the cache, in order), before any cut: what the scores accumulate."""
 
+    def head_scores(self, cache: ResidentCache, seq: int, held: np.ndarray) -> np.ndarray | None:
+        """The held tokens' scores per layer and KV head, (layers, heads, tokens), where the cache
+        is cut with budgets per layer or head (``alloc=``, kvinject/error_models/eviction/allocation.py);
+        None: the method scores a token as a whole."""
+        return None
+
     @abstractmethod
     def keep(self, cache: ResidentCache, seq: int, held: np.ndarray, budget: int) -> np.ndarray | None:
         """Where the decode cuts ``seq``, holding more than ``budget`` tokens: the indices into

@@ -26,8 +26,11 @@ class KeyDiff(Method):
         unit = keys / np.maximum(np.linalg.norm(keys, axis=-1, keepdims=True), 1e-8)  # torch's cosine_similarity eps
         cache.state(seq).setdefault("unit", Rows()).append(unit)
 
-    def keep(self, cache, seq, held, budget):
+    def head_scores(self, cache, seq, held):
         units = cache.state(seq)["unit"][held]
         anchor = units.mean(axis=0)  # (layers, heads, dim)
-        cosine = np.einsum("tlhd,lhd->tlh", units, anchor) / np.maximum(np.linalg.norm(anchor, axis=-1), 1e-8)
-        return newest_kept(-cosine.mean(axis=(1, 2), dtype=np.float64), budget)
+        cosine = np.einsum("tlhd,lhd->lht", units, anchor) / np.maximum(np.linalg.norm(anchor, axis=-1), 1e-8)[..., None]
+        return -cosine.astype(np.float64)
+
+    def keep(self, cache, seq, held, budget):
+        return newest_kept(self.head_scores(cache, seq, held).mean(axis=(0, 1)), budget)

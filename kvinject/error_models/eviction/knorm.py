@@ -1,7 +1,7 @@
 """``knorm``: key norm (kvpress ``KnormPress``; Devoto et al., "A Simple and Effective L2
 Norm-Based Strategy for KV Cache Compression", 2024): each token's score is minus the L2 norm of
-its key (as the cache holds it, after RoPE), the mean over layers and KV heads; the lowest
-norms are kept. A key does not change once cached, so its score is taken when it arrives."""
+its key (as the cache holds it, after RoPE) in each layer and KV head, the mean over them; the
+lowest norms are kept. A key does not change once cached, so its norms are taken when it arrives."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import Method, newest_kept, register, scored_on_arrival
+from . import Method, Rows, newest_kept, register
 
 
 @register
@@ -21,7 +21,10 @@ class KNorm(Method):
 
     def observe(self, cache, seq, held, n0, n1):
         norms = np.linalg.norm(cache.keys(seq, np.arange(n0, n1)), axis=-1)  # (layers, tokens, heads)
-        scored_on_arrival(cache, seq, -norms.mean(axis=(0, 2), dtype=np.float64))
+        cache.state(seq).setdefault("norms", Rows()).append(norms.transpose(1, 0, 2))
+
+    def head_scores(self, cache, seq, held):
+        return -cache.state(seq)["norms"][held].transpose(1, 2, 0).astype(np.float64)
 
     def keep(self, cache, seq, held, budget):
-        return newest_kept(cache.state(seq)["scores"][held], budget)
+        return newest_kept(self.head_scores(cache, seq, held).mean(axis=(0, 1)), budget)

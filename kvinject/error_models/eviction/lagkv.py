@@ -36,16 +36,19 @@ class LagKV(Method):
     summary = "lag-relative spread of K and V, per partition"
     reads = "keys and values"
 
-    def keep(self, cache, seq, held, budget):
+    def head_scores(self, cache, seq, held):
         n = len(held)
-        scores = np.ones(n)
+        layers, _, heads, _ = (keys := cache.keys(seq, held[:1])).shape
+        scores = np.ones((layers, heads, n))
         if n < self.sinks + 2 * self.lag:
-            scores[self.sinks :] = np.arange(n - self.sinks) / (n - self.sinks)
-            return newest_kept(scores, budget)
+            scores[..., self.sinks :] = np.arange(n - self.sinks) / (n - self.sinks)
+            return scores
         end = self.sinks + (n - self.sinks) // self.lag * self.lag
-        scored = held[self.sinks : end - self.lag]  # the last whole partition is every other's reference, never scored
-        rows = held[self.sinks : end]
+        rows = held[self.sinks : end]  # the last whole partition is every other's reference, never scored
         both = (lag_scores(cache.keys(seq, rows), self.sinks, self.lag) + lag_scores(cache.values(seq, rows), self.sinks, self.lag)) / 2
         ranks = both.argsort(axis=2, kind="stable").argsort(axis=2, kind="stable") / self.lag  # within each partition
-        scores[self.sinks : self.sinks + len(scored)] = ranks.transpose(1, 2, 0, 3).reshape(len(scored), -1).mean(axis=1)
-        return newest_kept(scores, budget)
+        scores[..., self.sinks : end - self.lag] = ranks.transpose(0, 3, 1, 2).reshape(layers, heads, -1)
+        return scores
+
+    def keep(self, cache, seq, held, budget):
+        return newest_kept(self.head_scores(cache, seq, held).mean(axis=(0, 1)), budget)

@@ -1,0 +1,187 @@
+"""Budgets per KV head (``alloc=ada``) and per layer (``alloc=pyramid``) on the real hook: the
+allocations against literal implementations of kvpress's definitions, the cells left in the
+cache and hidden from each head against what they give on K read back from the cache, and the
+decodes after the cut against a replica context that hides the same cells from the same heads
+with a graph callback of its own (-inf in the attention logits), logits bit for bit."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+
+import numpy as np
+import pytest
+from llama_cpp import llama_cpp as ll
+
+from kvinject.engine import ggml
+from kvinject.engine.context import Context
+from kvinject.engine.options import CacheOptions
+from kvinject.error_models import parse_error
+from kvinject.error_models.eviction.allocation import ada, layer_budgets, pyramid
+from kvinject.exceptions import SpecError
+
+from .cache_state import read_cells
+from .tiny_model import HEAD_DIM, N_HEAD, N_HEAD_KV
+
+OFF = CacheOptions("f32", "f32", "off")
+PROMPT = "The quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill all day"
+
+
+def literal_ada(scores: np.ndarray, budget: int, alpha: float) -> np.ndarray:
+    """AdaKVPress.compress for one layer at a time: each head's int(alpha B) best raised to the
+    maximum, then the heads x (n - B) lowest over the layer pruned; the newest token first."""
+    layers, heads, n = scores.shape
+    kept = np.ones(scores.shape, bool)
+    for layer in range(layers):
+        s = scores[layer].astype(np.float64).copy()
+        s[:, -1] = np.inf
+        for h in range(heads):
+            order = sorted(range(n), key=lambda t: (s[h, t], t), reverse=True)
+            s[h, order[: int(budget * alpha)]] = np.finfo(np.float64).max
+        flat = sorted(range(heads * n), key=lambda i: (s[i // n, i % n], i))  # lowest first; ties: the earlier pruned
+        for i in flat[: heads * (n - budget)]:
+            kept[layer, i // n, i % n] = False
+    return kept
+
+
+def literal_layer_budgets(layers: int, n: int, ratio: float, window: int, beta: int) -> list[int]:
+    """PyramidKVPress.get_layer_budget, with q_len = n and compression_ratio = ratio."""
+    capacity = window + n * (1 - ratio)
+    min_num = (capacity - window) / beta
+    max_num = (capacity - window) * 2 - min_num
+    if max_num >= n - window:
+        max_num = n - window
+        min_num = (capacity - window) * 2 - max_num
+    if not (n >= max_num >= min_num >= window):
+        return [round(n * (1 - ratio))] * layers
+    steps = (max_num - min_num) / (layers - 1)
+    return [round(max_num - i * steps) for i in range(layers)]
+
+
+def test_ada_keeps_heads_times_the_budget_in_each_layer_with_each_head_safeguarded():
+    rng = np.random.default_rng(0)
+    for n, budget, alpha in ((40, 10, 0.2), (17, 5, 0.5), (30, 29, 0.0), (12, 1, 0.2)):
+        scores = rng.normal(size=(3, 4, n)).round(1)  # ties on purpose
+        kept = ada(scores, budget, alpha)
+        assert np.array_equal(kept, literal_ada(scores, budget, alpha)), (n, budget, alpha)
+        assert (kept.sum(axis=(1, 2)) == 4 * budget).all() and kept[..., -1].all()
+        assert (kept.sum(axis=2) >= int(budget * alpha)).all()
+
+
+@pytest.mark.parametrize(
+    ("layers", "n", "ratio", "window", "beta"), [(30, 4096, 0.5, 64, 20), (30, 4096, 0.125, 64, 20), (2, 200, 0.75, 8, 4), (24, 300, 0.5, 64, 20)]
+)
+def test_pyramid_budgets_are_kvpress_s_and_sum_to_the_total(layers, n, ratio, window, beta):
+    budget = round(n * (1 - ratio))
+    budgets = layer_budgets(layers, n, budget, window, beta)
+    assert budgets == literal_layer_budgets(layers, n, ratio, window, beta)
+    assert abs(sum(budgets) - layers * budget) <= layers / 2, "B a layer on average, but for rounding"
+    scores = np.random.default_rng(1).normal(size=(layers, 2, n))
+    assert (pyramid(scores, budget, window, beta).sum(axis=2) == np.array(budgets)[:, None]).all()
+
+
+class HidingReplica:
+    """A context like the checked one whose own graph callback sets each layer's attention logits
+    ('kq-<il>') to -inf at the cells ``hidden[layer][kv head]`` for the query heads of that KV head."""
+
+    def __init__(self, model):
+        self.hidden: dict[int, dict[int, list[int]]] = {}
+        self._callback = ll.ggml_backend_sched_eval_callback(self._watch)
+        params = ll.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 256, 64, 64, 1
+        params.kv_unified, params.no_perf = True, True
+        params.type_k = params.type_v = ggml.CACHE_TYPES["f32"]
+        params.flash_attn_type = 0
+        params.n_threads = params.n_threads_batch = model.backend.n_threads
+        params.cb_eval, params.cb_eval_user_data = self._callback, None
+        self._ptr = ll.llama_init_from_model(model.ptr, params)
+        self._batch = ll.llama_batch_init(64, 0, 1)
+        self._n_vocab = model.n_vocab
+
+    def _watch(self, t, ask, user_data):
+        tensor = ggml.tensor(t)
+        if not re.fullmatch(rb"kq-\d+", tensor.name):
+            return not ask
+        if not ask:
+            n_kv, rows, heads = tensor.ne[0], tensor.ne[1], tensor.ne[2]
+            x = np.frombuffer((ctypes.c_float * ggml.numel(tensor)).from_address(tensor.data), np.float32).reshape(heads, rows, n_kv)
+            for kv, cells in self.hidden.get(int(tensor.name[3:]), {}).items():
+                for h in range(kv * heads // N_HEAD_KV, (kv + 1) * heads // N_HEAD_KV):
+                    x[h][:, cells] = -np.inf
+        return True
+
+    def decode(self, tokens: list[int], start: int) -> np.ndarray:
+        for i, token in enumerate(tokens):
+            self._batch.token[i], self._batch.pos[i], self._batch.n_seq_id[i], self._batch.logits[i] = token, start + i, 1, i == len(tokens) - 1
+            self._batch.seq_id[i][0] = 0
+        self._batch.n_tokens = len(tokens)
+        assert ll.llama_decode(self._ptr, self._batch) == 0
+        ptr = ctypes.cast(ll.llama_get_logits_ith(self._ptr, len(tokens) - 1), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).copy()
+
+    def close(self) -> None:
+        ll.llama_batch_free(self._batch)
+        ll.llama_free(self._ptr)
+
+
+@pytest.mark.parametrize(
+    "spec", ["evict:knorm,0.5,alloc=ada,decode=0", "evict:keydiff,0.4,alloc=ada,alpha=0.5,decode=0", "evict:knorm,0.5,alloc=pyramid,window=2,beta=2,decode=0"]
+)
+def test_each_head_sees_what_its_allocation_keeps_and_decodes_as_a_replica_hiding_the_same(tiny, spec):
+    tokens = tiny.tokenize(PROMPT)
+    n, error = len(tokens), parse_error(spec)
+    budget = max(1, math.floor(n * float(error.budget)))
+    replica = HidingReplica(tiny)
+    replica.decode(tokens, 0)  # the prompt, unhidden: the same K as the checked context's before its cut
+    positions, cache = read_cells(replica, 0)
+    assert positions.tolist() == list(range(n))
+    keys = np.stack([cache["k", layer] for layer in range(2)]).reshape(2, n, N_HEAD_KV, HEAD_DIM).astype(np.float64)
+    if error.method == "knorm":
+        scores = -np.linalg.norm(keys, axis=-1).transpose(0, 2, 1)
+    else:  # KeyDiff per layer and head: minus the cosine to the mean unit key
+        unit = keys / np.linalg.norm(keys, axis=-1, keepdims=True)
+        anchor = unit.mean(axis=1, keepdims=True)
+        scores = -((unit * anchor).sum(-1) / np.linalg.norm(anchor, axis=-1)).transpose(0, 2, 1)
+    kept = literal_ada(scores, budget, error.alpha) if error.alloc == "ada" else pyramid_literal(scores, n, error)
+    anywhere = kept.any(axis=(0, 1))
+    with Context(tiny, OFF, error, n_ctx=256, n_batch=64) as ctx:
+        ctx.decode([(t, i, 0, i == n - 1) for i, t in enumerate(tokens)])
+        held = read_cells(ctx, 0)[0]
+        assert sorted(held.tolist()) == np.flatnonzero(anywhere).tolist(), "a token no head keeps leaves the cache"
+        table = ctx.hook.hidden.table
+        for layer in range(2):
+            for kv in range(N_HEAD_KV):
+                hidden = [int(p) for p in held if table[layer, kv, p]]  # the prompt's cells are 0 .. n - 1
+                assert hidden == np.flatnonzero(anywhere & ~kept[layer, kv]).tolist(), (layer, kv)
+        for p in np.flatnonzero(~anywhere):
+            ll.llama_memory_seq_rm(ll.llama_get_memory(replica._ptr), 0, int(p), int(p) + 1)
+        replica.hidden = {layer: {kv: np.flatnonzero(anywhere & ~kept[layer, kv]).tolist() for kv in range(N_HEAD_KV)} for layer in range(2)}
+        token = int(np.argmax(ctx.logits(n - 1)))
+        for step in range(3):
+            ctx.decode([(token, n + step, 0, True)])
+            expected = replica.decode([token], n + step)
+            assert np.array_equal(ctx.logits(0), expected), step
+            token = int(np.argmax(expected))
+        assert ctx.resident.kept == [pytest.approx(kept.mean(axis=(0, 1)).sum() + 3)], "bits count each head's share"
+    replica.close()
+
+
+def pyramid_literal(scores: np.ndarray, n: int, error) -> np.ndarray:
+    """Each head of a layer keeps its top of the layer's budget, the newest token first."""
+    budgets = literal_layer_budgets(len(scores), n, 1 - float(error.budget), error.window, error.beta)
+    kept = np.zeros(scores.shape, bool)
+    for layer, b in enumerate(budgets):
+        for h in range(scores.shape[1]):
+            s = scores[layer, h].copy()
+            s[-1] = np.inf
+            kept[layer, h, sorted(range(n), key=lambda t: (s[t], t), reverse=True)[:b]] = True
+    return kept
+
+
+def test_what_budgets_per_head_cannot_do_is_refused_in_one_line(tiny):
+    with pytest.raises(SpecError, match="flash attention never builds"):
+        Context(tiny, CacheOptions("f16", "f16", "on"), parse_error("evict:knorm,0.5,alloc=ada,decode=0"))
+    with pytest.raises(SpecError, match="scores tokens as a whole"):
+        parse_error("evict:h2o,0.5,alloc=pyramid,decode=0")
+    assert N_HEAD // N_HEAD_KV == 2, "each KV head serves two query heads here"

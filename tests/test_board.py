@@ -28,6 +28,8 @@ def records() -> list[dict]:
         record("evict:knorm,0.75,decode=0,query=agnostic", MULTIKEY, [0, 1, 0, 0], bits=12.0),
         record("evict:knorm,0.25,decode=0,query=agnostic", SINGLE, [0, 0, 0, 0], bits=4.0),
         record("evict:knorm,0.25,decode=0,query=agnostic", MULTIKEY, [0, 0, 0, 0], bits=4.0),
+        record("evict:knorm,0.5,alloc=ada,alpha=0.2,decode=0,query=agnostic", SINGLE, [1, 1, 1, 0], bits=8.0),
+        record("evict:knorm,0.5,alloc=ada,alpha=0.2,decode=0,query=agnostic", MULTIKEY, [1, 1, 0, 0], bits=8.0),
         record("quant:4", SINGLE, [1, 1, 1, 1], bits=4.5),
         record("quant:4", MULTIKEY, [1, 1, 0, 1], bits=4.5),
         record("evict:window,0.5,decode=0", SINGLE, [1, 1, 1, 1], bits=8.0),  # not run on multikey: not on the board
@@ -46,6 +48,7 @@ def test_benches_are_pooled_item_by_item_against_their_controls():
     assert (row["low"], row["high"]) == pytest.approx((wilson.low, wilson.high))
     assert (row["row"], row["ratio"], row["placed"]) == ("knorm (agnostic)", 0.25, "ratio")
     assert "evict:window,0.5,decode=0" not in table.index, "a configuration must be on every bench of the model"
+    assert table.loc["evict:knorm,0.5,alloc=ada,alpha=0.2,decode=0,query=agnostic", "row"] == "knorm+ada (agnostic)", "budgets per head: a row of its own"
 
 
 def test_quantizers_go_to_the_ratio_of_their_bits():

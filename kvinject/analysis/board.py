@@ -35,7 +35,8 @@ def _place(record: dict[str, Any]) -> tuple[str, float | None]:
     error = Configuration.from_dict(record["settings"]).error
     if isinstance(error, Evict):
         options = [f"{k}={getattr(error, k)}" for k in error.way.options() if getattr(error, k) != DEFAULTS[k]]
-        row = f"{error.method} ({error.query or 'aware'})" + (f" {','.join(options)}" if options else "")
+        method = f"{error.method}+{error.alloc}" if error.alloc else error.method  # budgets per head (ada) or layer (pyramid)
+        row = f"{method} ({error.query or 'aware'})" + (f" {','.join(options)}" if options else "")
         if "." in error.budget and error.decode == 0:
             return row, float(1 - Fraction(error.budget))
         raise KvinjectError(f"--board places eviction by its ratio, compressed once (decode=0): {record['label']} is neither")

@@ -56,7 +56,7 @@ def test_quantizers_go_to_the_ratio_of_their_bits():
     assert table.loc["quant:4", "ratio"] == pytest.approx(1 - 4.5 / 16) and table.loc["quant:4", "placed"] == "bits"
     ((_, wide),) = layout(board(records()))
     wide = wide.set_index("method")
-    assert list(wide.columns) == ["0.25", "0.75"], "the eviction ratios"
+    assert list(wide.columns) == ["0.25", "0.5", "0.75"], "the eviction ratios"
     assert wide.loc["quant", "0.75"].startswith("0.88 ") and "quant:4, 4.5 bits" in wide.loc["quant", "0.75"]
     assert wide.loc["knorm (agnostic)", "0.75"].endswith("↓"), "0 of 8 against 7 of 8: McNemar p = 1/64"
     assert not wide.loc["knorm (agnostic)", "0.25"].endswith("↓"), "p = 0.25: no mark"

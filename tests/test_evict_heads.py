@@ -87,6 +87,7 @@ class HidingReplica:
 
     def __init__(self, model):
         self.hidden: dict[int, dict[int, list[int]]] = {}
+        self.queries: dict[int, np.ndarray] = {}  # each layer's first 'Qcur-<il>' node of the last decode: Q before RoPE
         self._callback = ll.ggml_backend_sched_eval_callback(self._watch)
         params = ll.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 256, 64, 64, 1
@@ -101,6 +102,11 @@ class HidingReplica:
 
     def _watch(self, t, ask, user_data):
         tensor = ggml.tensor(t)
+        if re.fullmatch(rb"Qcur-\d+", tensor.name):
+            layer = int(tensor.name[5:])
+            if not ask and layer not in self.queries:
+                self.queries[layer] = np.frombuffer((ctypes.c_float * ggml.numel(tensor)).from_address(tensor.data), np.float32).copy()
+            return True
         if not re.fullmatch(rb"kq-\d+", tensor.name):
             return not ask
         if not ask:
@@ -185,3 +191,67 @@ def test_what_budgets_per_head_cannot_do_is_refused_in_one_line(tiny):
     with pytest.raises(SpecError, match="scores tokens as a whole"):
         parse_error("evict:h2o,0.5,alloc=pyramid,decode=0")
     assert N_HEAD // N_HEAD_KV == 2, "each KV head serves two query heads here"
+
+
+def literal_expected(queries: dict, keys: np.ndarray, values: np.ndarray, rope, sinks: int = 4, future: int = 512) -> np.ndarray:
+    """ExpectedAttentionPress.score per layer, from Q before RoPE (rows, query heads x dim), K and V
+    (layers, tokens, KV heads, dim): statistics of the queries after the sinks, each future
+    position's rotation built pair by pair as llama.cpp rotates and averaged, softmax of the
+    expected logits over the tokens after the sinks, the mean over each KV head's query heads,
+    times the value norms; the sinks at the layer's maximum plus one."""
+    layers, n, heads_kv, dim = keys.shape
+    out = np.zeros((layers, heads_kv, n))
+    r = np.zeros((dim, dim))
+    for position in range(n, n + future):
+        rotation = np.eye(dim)
+        for i in range(rope.dims // 2):
+            angle = position * rope.scale * rope.base ** (-2 * i / rope.dims)
+            a, b = (i, i + rope.dims // 2) if rope.neox else (2 * i, 2 * i + 1)
+            rotation[a, a], rotation[a, b], rotation[b, a], rotation[b, b] = math.cos(angle), -math.sin(angle), math.sin(angle), math.cos(angle)
+        r += rotation / future
+    for layer in range(layers):
+        q = queries[layer].reshape(n, -1, dim)[sinks:].astype(np.float64)
+        group = q.shape[1] // heads_kv
+        for kv in range(heads_kv):
+            k = keys[layer, sinks:, kv].astype(np.float64)
+            mean_weights = np.zeros(n - sinks)
+            for h in range(kv * group, (kv + 1) * group):
+                mu = q[:, h].mean(0)
+                cov = (q[:, h] - mu).T @ (q[:, h] - mu) / len(q)
+                mu, cov = r @ mu, r @ cov @ r.T
+                logits = np.array([kt @ mu / math.sqrt(dim) + kt @ cov @ kt / dim / 2 for kt in k])
+                w = np.exp(logits - logits.max())
+                mean_weights += w / w.sum() / group
+            out[layer, kv, sinks:] = mean_weights * np.linalg.norm(values[layer, sinks:, kv].astype(np.float64), axis=-1)
+        out[layer, :, :sinks] = out[layer, :, sinks:].max() + 1
+    return out
+
+
+@pytest.mark.parametrize("spec", ["evict:expected,0.5,decode=0", "evict:expected,0.3,future=64,decode=0", "evict:expected,0.5,alloc=ada,decode=0"])
+def test_expected_attention_keeps_what_kvpress_s_formula_keeps(tiny, spec):
+    """Q read by the replica's own callback (the first node named for it, before RoPE), K and V from
+    the state export: the kept cells (and the heads they are hidden from) are those of the formula."""
+    tokens = tiny.tokenize(PROMPT)
+    n, error = len(tokens), parse_error(spec)
+    budget = max(1, math.floor(n * float(error.budget)))
+    replica = HidingReplica(tiny)
+    replica.decode(tokens, 0)
+    _, cache = read_cells(replica, 0)
+    keys, values = (np.stack([cache[c, layer] for layer in range(2)]).reshape(2, n, N_HEAD_KV, HEAD_DIM) for c in "kv")
+    scores = literal_expected(replica.queries, keys, values, tiny.rope, future=error.future)
+    replica.close()
+    if error.alloc == "ada":
+        kept = literal_ada(scores, budget, error.alpha)
+    else:
+        s = scores.mean(axis=(0, 1))
+        s[-1] = np.inf
+        chosen = sorted(range(n), key=lambda t: (s[t], t), reverse=True)[:budget]
+        kept = np.zeros(scores.shape, bool)
+        kept[..., chosen] = True
+    with Context(tiny, OFF, error, n_ctx=256, n_batch=64) as ctx:
+        ctx.decode([(t, i, 0, i == n - 1) for i, t in enumerate(tokens)])
+        held = read_cells(ctx, 0)[0]
+        assert sorted(held.tolist()) == np.flatnonzero(kept.any(axis=(0, 1))).tolist()
+        if error.alloc:
+            table = ctx.hook.hidden.table
+            assert all(table[layer, kv, held].tolist() == (~kept[layer, kv, held]).tolist() for layer in range(2) for kv in range(N_HEAD_KV))

@@ -39,6 +39,7 @@ class Writes:
     cells: np.ndarray  # (layers, rows): the cell each batch row went to in each layer's cache, -1 where unknown
     counts: dict[tuple[str, int], int]  # (component, layer) -> cache writes in the decode
     attention: np.ndarray | None = None  # (rows, cells): each row's mean attention weight on each cell, when read (kvinject/engine/attention.py)
+    queries: np.ndarray | None = None  # (layers, rows, heads x head dim): each layer's queries before RoPE, when read (kvinject/engine/queries.py)
 
     def check(self, expected: set[tuple[str, int]]) -> None:
         """Every targeted cache tensor written exactly once by the decode."""

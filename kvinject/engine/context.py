@@ -161,7 +161,10 @@ class Context:
                 self._spans,
                 self.hook.writes.tensors,  # learned below
                 self.hook.hide_cells(n_cells) if self.error.hides else None,
+                model.rope,
             )
+            if self.error.queries:
+                self.hook.read_queries(model.n_head * model.head_dim_k)
             if self.error.attention:
                 self.hook.attend(n_cells)
         if self.hook is not None:
@@ -218,7 +221,7 @@ class Context:
             return 0, None
         name = self.error.breaks_at
         end = self.resident.span_end(seq, name) if name else len(prompt)
-        key = (self.cache, self.n_ctx_seq, self.n_batch, self.error.attention, tuple(prompt[:end]))
+        key = (self.cache, self.n_ctx_seq, self.n_batch, self.error.attention, self.error.queries, tuple(prompt[:end]))
         ll.llama_memory_clear(ll.llama_get_memory(self._ptr), False)  # the cells from 0 on, as a restore puts them
         snapshot = prefills.get(key)
         if snapshot is None:

@@ -57,7 +57,8 @@ QUEUE, N_QUEUED = range(51, 53)  # changes of one claim left to Python: (tensor,
 COLUMNS_K, COLUMNS_V = range(53, 55)  # --heads: which components of a K or V row get the error (0: all)
 WRITTEN = 55  # a Python function called with each cache write once computed (faults in quantized blocks), or 0
 KQ_HIDDEN, KQ_STRIDE, KQ_HEADS_KV = range(56, 59)  # cells hidden from a layer's KV head (kvinject/engine/hidden.py): table, its stride, KV heads
-HEADER = 59
+QUERY, QUERY_CAP, QUERY_WIDTH, QUERY_LAYERS, QUERY_COPIES = range(59, 64)  # each layer's Q before RoPE (kvinject/engine/queries.py)
+HEADER = 64
 LAW_SLOTS = 5
 
 # Modes.
@@ -461,6 +462,33 @@ def _hide(head, t):
                     x[(h * rows + i) * n_kv + cells[c]] = -np.inf
 
 
+# llama.cpp's model graphs name each layer's query 'Qcur-<il>', before RoPE and after: RoPE's input is Q before it.
+_QCUR = np.frombuffer(b"Qcur-", np.uint8)
+
+
+@njit(cache=True)
+def _q_rope_layer(t):
+    """The layer of a RoPE node named 'Qcur-<il>', or -1."""
+    if carray(_i32(t + _OP), 1)[0] != ggml.GGML_OP_ROPE or not _has_prefix(t, _QCUR):
+        return -1
+    return _layer(carray(_u8(t + _NAME), 16), len(_QCUR))
+
+
+@njit(cache=True)
+def _copy_query(head, t, layer):
+    """Copy the input of a layer's query RoPE, (head dim, heads, rows) f32, to the layer's slot of the query buffer."""
+    q = carray(_i64(t + _SRC), 1)[0]
+    ne = carray(_i64(q + _NE), 4)
+    width, rows = head[QUERY_WIDTH], head[QUERY_CAP]
+    ok = carray(_i32(q + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], q) != 0
+    copies = carray(_i64(head[QUERY_COPIES]), head[QUERY_LAYERS])
+    if not ok or ne[0] * ne[1] != width or ne[2] != rows or ne[3] != 1 or layer >= head[QUERY_LAYERS]:
+        _fail(head, BAD_SOFT_MAX, -1, ne[0] * ne[1])
+        return
+    _tensor_get(head[TENSOR_GET], q, head[QUERY] + layer * rows * width * 4, 0, rows * width * 4)
+    copies[layer] += 1
+
+
 # llama.cpp's model graphs name each layer's output, the residual stream after attention and FFN, 'l_out-<il>'.
 _L_OUT = np.frombuffer(b"l_out-", np.uint8)
 
@@ -501,6 +529,10 @@ def callback(t, ask, user_data):
             layer = _l_out_layer(t)
             if layer >= 0:
                 _copy_residual(head, t, layer)
+        if head[QUERY] != 0:
+            layer = _q_rope_layer(t)
+            if layer >= 0:
+                _copy_query(head, t, layer)
         head[COMPUTED] = t
         head[CLAIMS] += 1
         return 1
@@ -520,6 +552,8 @@ def callback(t, ask, user_data):
         return 1
     claimed = _ask(head, t)
     if claimed == 0 and head[RESID] != 0 and _l_out_layer(t) >= 0:  # claimed: copied once computed
+        return 1
+    if claimed == 0 and head[QUERY] != 0 and _q_rope_layer(t) >= 0:  # claimed: its input copied once computed
         return 1
     if claimed == 0 and head[WRITTEN] != 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:  # after _ask, which changes what it writes
         return 1

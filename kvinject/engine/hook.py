@@ -37,6 +37,7 @@ from .device import DeviceChange
 from .graph_plan import GraphNode, Plan
 from .hidden import HiddenCells
 from .perturbation import CacheResident, ErrorModel
+from .queries import Queries
 from .realized import Realized, RealizedStats, Staging, Workspace
 from .sites import Placed, locate
 from .target import Target
@@ -135,6 +136,7 @@ class KVHook:
         self.writes = None if entry else CacheWrites(head, n_layer)
         self.attention: AttentionSums | None = None
         self.hidden: HiddenCells | None = None
+        self.queries: Queries | None = None
         self._n_layer = n_layer
         self.callback = ll.ggml_backend_sched_eval_callback(gc.callback.address)
         self.user_data = ctypes.c_void_p(head.ctypes.data)
@@ -148,6 +150,10 @@ class KVHook:
         """Read every layer's attention weights from the graph (a cache-resident model that
         evicts by attention; ``n_cells``: the context's cells)."""
         self.attention = AttentionSums(self._head, n_cells)
+
+    def read_queries(self, width: int) -> None:
+        """Read every layer's queries before RoPE at each decode (eviction by query statistics)."""
+        self.queries = Queries(self._head, self._n_layer, width)
 
     def hide_cells(self, n_cells: int) -> HiddenCells:
         """Hide cells from some KV heads of a layer (eviction per head or per layer): the table."""
@@ -179,6 +185,8 @@ class KVHook:
             self.writes.layout(int(head[gc.ROWS]))
         if self.attention is not None:
             self.attention.layout(int(head[gc.ROWS]))
+        if self.queries is not None:
+            self.queries.layout(int(head[gc.ROWS]))
         if self.writes is not None or not (self.error.random or head[gc.NATIVE]):  # a cache-resident model draws its own
             head[gc.N_SEG] = 0
             return
@@ -388,6 +396,8 @@ class KVHook:
                 writes = self.writes.read()
                 writes.check(self._expected)
                 self._decodes += 1
+                if self.queries is not None:
+                    writes = replace(writes, queries=self.queries.read())
                 return writes if self.attention is None else replace(writes, attention=self.attention.read(self._n_layer))
             if self._blocks is not None:
                 self._blocks.check_written()

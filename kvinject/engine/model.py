@@ -8,6 +8,7 @@ import hashlib
 import importlib
 import importlib.util
 import re
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -102,6 +103,18 @@ def _sha256(path: Path, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
+@dataclass(frozen=True)
+class Rope:
+    """RoPE as llama.cpp applies it: pairs of halves (NeoX) or of neighbouring dimensions, over
+    the first ``dims`` of a head, angle position x scale x base^(-2i/dims); ``n_head`` query heads."""
+
+    neox: bool
+    dims: int
+    base: float
+    scale: float
+    n_head: int
+
+
 class Model:
     """A GGUF model loaded into llama.cpp; ``Context(model, ...)`` (kvinject/engine/context.py) makes contexts on it with a hook."""
 
@@ -162,6 +175,19 @@ class Model:
         buf = ctypes.create_string_buffer(512)
         n = ll.llama_model_meta_val_str(self._ptr, key.encode(), buf, len(buf))
         return buf.value.decode() if n >= 0 else None
+
+    @cached_property
+    def rope(self) -> Rope:
+        """How llama.cpp rotates this model's queries and keys (eviction by expected attention)."""
+        dims = self.meta(f"{self.arch}.rope.dimension_count")
+        base = self.meta(f"{self.arch}.rope.freq_base")
+        return Rope(
+            ll.llama_model_rope_type(self._ptr) == ll.LLAMA_ROPE_TYPE_NEOX,
+            int(dims) if dims else self.head_dim_k,
+            float(base) if base else 10000.0,
+            ll.llama_model_rope_freq_scale_train(self._ptr),
+            self.n_head,
+        )
 
     @cached_property
     def arch(self) -> str:

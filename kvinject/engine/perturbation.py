@@ -228,6 +228,11 @@ class CacheResident(ErrorModel):
         return None
 
     @property
+    def queries(self) -> bool:
+        """Needs each decode's queries before RoPE (:meth:`ResidentCache.queries`)."""
+        return False
+
+    @property
     def hides(self) -> bool:
         """Hides cells from some KV heads of a layer (:meth:`ResidentCache.hide`; flash attention off)."""
         return False

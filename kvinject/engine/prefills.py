@@ -39,7 +39,7 @@ class Seen:
 
     @property
     def nbytes(self) -> int:
-        return self.writes.cells.nbytes + (self.writes.attention.nbytes if self.writes.attention is not None else 0)
+        return sum(x.nbytes for x in (self.writes.cells, self.writes.attention, self.writes.queries) if x is not None)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ freed with ``llama_memory_seq_rm``, and the other tokens keep their positions.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from .hidden import HiddenCells
 from .realized import Realized, Workspace
 from .target import Target
 from .variates import Draws
+
+if TYPE_CHECKING:
+    from .model import Rope
 
 
 class _Tokens:
@@ -70,6 +73,7 @@ class ResidentCache:
         spans: dict[int, dict[str, list[tuple[int, int]]]] | None = None,
         tensors: dict[tuple[str, int], tuple[int, bool]] | None = None,
         hidden: HiddenCells | None = None,
+        rope: Rope | None = None,
     ):
         self.model = model
         self.sites = tuple((c, il) for c in "kv" for il in range(n_layer) if target.wants(c, il))
@@ -80,6 +84,8 @@ class ResidentCache:
         self._seqs: dict[int, _Tokens] = {}
         self._finished: list[tuple[int, float]] = []  # (tokens, tokens held at the end) of each sequence forgotten so far
         self._hidden = hidden  # cells hidden from some KV heads of a layer (kvinject/engine/hidden.py)
+        self.rope = rope  # how the model rotates queries and keys
+        self._queries: np.ndarray | None = None
         self._seq_rm = seq_rm  # llama_memory_seq_rm of the context: (seq, from position, to position)
         self._draws = draws if draws is not None else {}
         self._rows: dict[int, np.ndarray] = {}  # this decode's batch rows of each sequence
@@ -118,6 +124,7 @@ class ResidentCache:
             if entries[rows[-1]][3]:
                 tokens.unasked = 0
         self._attention = writes.attention
+        self._queries = writes.queries
         self.model.after_decode(self, grown)
         self._rows.clear()
 
@@ -222,6 +229,12 @@ class ResidentCache:
         if (cells != cells[:, :1]).any():
             raise ModelError(f"this model's layers keep a token in different cells (sliding-window layers?); '{self.model.name}' cannot score it")
         return self._attention[self._rows[seq]][:, cells[:, 0]]
+
+    def queries(self, seq: int) -> np.ndarray:
+        """This decode's queries of ``seq`` before RoPE, per layer: (layers, rows, heads x head dim)."""
+        if self._queries is None:
+            raise InjectionError(f"'{self.model.name}' needs queries and none were read")
+        return self._queries[:, self._rows[seq]]
 
     def asked(self, seq: int) -> bool:
         """Whether this decode asked for the logits of the sequence's last token: generation

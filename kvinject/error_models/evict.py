@@ -8,7 +8,7 @@ prompt decoded in pieces is not cut between them: the references prefill a promp
 with full attention before they compress, so every prompt token attends to the whole prompt
 (and H2O's sums count every prompt query). Which tokens a sequence keeps is the method's, one
 file each in kvinject/error_models/eviction/ (window, streaming, random, tova, h2o, snapkv,
-knorm, keydiff, lagkv), as their papers' code defines them.
+knorm, keydiff, lagkv, expected), as their papers' code defines them.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class Evict(CacheResident):
     window: int = 64
     kernel: int = 5
     lag: int = 128
+    future: int = 512
     alloc: str | None = None  # budgets per KV head ("ada", with alpha) or per layer ("pyramid", with window and beta); None: one set per sequence
     alpha: float = 0.2
     beta: int = 20
@@ -51,13 +52,13 @@ class Evict(CacheResident):
     query: str | None = None  # "agnostic": compress a prompt's context before its question is decoded; None: the whole prompt (aware)
     name: ClassVar[str] = "evict"
     syntax: ClassVar[str] = (
-        "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5|lag=128][,alloc=ada[,alpha=0.2]|pyramid[,window=64,beta=20]][,decode=N][,query=agnostic|aware]"
+        "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5|lag=128|future=512][,alloc=ada[,alpha=0.2]|pyramid[,window=64,beta=20]][,decode=N][,query=agnostic|aware]"
     )
     summary: ClassVar[str] = (
         "Eviction after each decode (decode=N: after the prompt, then every N generated tokens; 0: the prompt only) to BUDGET tokens per "
         "sequence (0.25: a ratio of its tokens; 256: tokens), kept ones at their positions: "
         + ", ".join(f"{name} ({method.summary})" for name, method in METHODS.items())
-        + " (kvinject/error_models/eviction/). alloc=ada or pyramid (knorm, keydiff, lagkv; decode=0, flash attention off): budgets per KV head"
+        + " (kvinject/error_models/eviction/). alloc=ada or pyramid (knorm, keydiff, lagkv, expected; decode=0, flash attention off): budgets per KV head"
         " of a layer (AdaKV) or per layer (PyramidKV), cells hidden from the heads that drop them."
     )
     example: ClassVar[str] = "evict:streaming,1024,sinks=4"
@@ -91,8 +92,8 @@ class Evict(CacheResident):
             raise SpecError(f"'evict:{self.method}' scores tokens as a whole: alloc={self.alloc} needs scores per head ({with_heads})")
         if self.alloc is not None and self.decode != 0:
             raise SpecError(f"'evict': alloc={self.alloc} compresses a prompt once, as kvpress's presses: add decode=0")
-        if not 0 <= self.alpha <= 1 or self.beta < 1:
-            raise SpecError(f"'evict': alpha in [0, 1] and beta >= 1 needed, got {self.spec}")
+        if not 0 <= self.alpha <= 1 or self.beta < 1 or self.future < 1:
+            raise SpecError(f"'evict': alpha in [0, 1], beta >= 1 and future >= 1 needed, got {self.spec}")
         if self.decode is not None and self.decode < 0:
             raise SpecError(f"'evict': decode=N compresses every N generated tokens (0: the prompt only), got {self.decode}")
         if self.sinks < 0 or not 0 <= self.recent <= 1 or self.window < 1 or self.kernel < 1 or self.kernel % 2 == 0 or self.lag < 2:
@@ -135,6 +136,10 @@ class Evict(CacheResident):
         return self.alloc is not None
 
     @property
+    def queries(self) -> bool:
+        return METHODS[self.method].reads == "queries"
+
+    @property
     def shares_prefill(self) -> bool:
         return True  # it cuts at a prompt's (or its context's) end at the earliest: every piece before is asked for no logits
 
@@ -153,7 +158,7 @@ class Evict(CacheResident):
             raise SpecError(f"'{self.spec}' hides cells from single heads in attention logits, which flash attention never builds: use --flash-attn off")
         if self.attention and cache.flash_attn_type != 0:
             raise SpecError(f"'{self.name}:{self.method}' reads attention weights, which flash attention does not materialize: use --flash-attn off")
-        read = {"keys": "K", "keys and values": "KV"}.get(METHODS[self.method].reads, "")
+        read = {"keys": "K", "keys and values": "KV", "queries": "KV"}.get(METHODS[self.method].reads, "")
         for component, kind in (("K", cache.type_k), ("V", cache.type_v)):
             if component in read and kind not in ("f32", "f16", "bf16"):
                 what = f"'{self.name}:{self.method}' reads the cached {'keys' if component == 'K' else 'values'}"

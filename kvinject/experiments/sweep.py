@@ -142,7 +142,7 @@ class Sweep:
         for p in planned:
             error, cache = p.cell.config.error, p.cell.config.cache
             shares = parallel == 1 and isinstance(error, CacheResident) and error.shares_prefill
-            key = (p.cell.group, cache, error.attention, error.breaks_at) if shares else None
+            key = (p.cell.group, cache, error.attention, error.queries, error.breaks_at) if shares else None
             total += self.bench(p.cell).estimate_seconds(len(p.runs), Speed(parallel, prompts=key is None or key not in decoded))
             decoded.add(key)
         return total

@@ -57,7 +57,7 @@ def test_quantizers_go_to_the_ratio_of_their_bits():
     ((_, wide),) = layout(board(records()))
     wide = wide.set_index("method")
     assert list(wide.columns) == ["0.25", "0.5", "0.75"], "the eviction ratios"
-    assert wide.loc["quant", "0.75"].startswith("0.88 ") and "quant:4, 4.5 bits" in wide.loc["quant", "0.75"]
+    assert wide.loc["quant", "0.75"].startswith("0.88 ") and wide.loc["quant", "0.75"].endswith("@4.5b")
     assert wide.loc["knorm (agnostic)", "0.75"].endswith("↓"), "0 of 8 against 7 of 8: McNemar p = 1/64"
     assert not wide.loc["knorm (agnostic)", "0.25"].endswith("↓"), "p = 0.25: no mark"
 
@@ -67,3 +67,11 @@ def test_what_the_board_cannot_place_is_said_in_one_line():
         board([record("none", SINGLE, [1], control=True), record("evict:h2o,0.5", SINGLE, [1], bits=8.0)])
     with pytest.raises(KvinjectError, match="lacks a control"):
         board([record("quant:4", SINGLE, [1], bits=4.5)])
+
+
+def test_two_configurations_of_a_row_in_one_column_get_a_row_each():
+    """KIVI's exact window costs bits: kivi:4 and kivi:2 may both fall nearest one ratio."""
+    extra = [record(spec, options, [1, 1, 1, 1], bits=bits) for spec, bits in (("kivi:4", 5.2), ("kivi:2", 3.3)) for options in (SINGLE, MULTIKEY)]
+    ((_, wide),) = layout(board(records() + extra))
+    wide = wide.set_index("method")
+    assert "kivi" not in wide.index and wide.loc["kivi:4", "0.75"].endswith("@5.2b") and wide.loc["kivi:2", "0.75"].endswith("@3.3b")

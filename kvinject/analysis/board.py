@@ -107,16 +107,16 @@ def layout(table: pd.DataFrame, digits: int = 2) -> list[tuple[str, pd.DataFrame
         raise KvinjectError("--board lays configurations out by the compression ratios of eviction (evict:METHOD,RATIO,decode=0): these records have none")
     out = []
     for model, part in table.groupby("model", sort=False):
+        columns = [min(ratios, key=lambda x: abs(x - ratio)) for ratio in part["ratio"]]
+        rows = list(part["row"])
+        taken = pd.Series(list(zip(rows, columns))).duplicated(keep=False).tolist()
         cells: dict[str, dict[float, str]] = {}
-        for r in part.itertuples():
-            column = min(ratios, key=lambda x: abs(x - r.ratio))
+        for r, column, twice in zip(part.itertuples(), columns, taken):
             mark = "" if not r.p < SIGNIFICANT else " ↓" if r.score < r.control else " ↑"
-            text = f"{r.score:.{digits}f} ({r.low:.{digits}f}–{r.high:.{digits}f}){mark}"
-            if r.placed == "bits":
-                text += f" [{r.configuration}, {r.bits:.3g} bits]"
-            cells.setdefault(r.row, {})[column] = text
+            text = f"{r.score:.{digits}f} ({r.low:.{digits}f}–{r.high:.{digits}f}){mark}" + (f" @{r.bits:.3g}b" if r.placed == "bits" else "")
+            cells.setdefault(r.configuration if twice else r.row, {})[column] = text  # two of a row in one column: each its own row
         wide = pd.DataFrame([{"method": row, **{f"{ratio:g}": cells[row].get(ratio, "") for ratio in ratios}} for row in cells])
         control = part["control"].iloc[0]
-        title = f"{model}: {int(part['items'].max())} items, full cache {control:.{digits}f}; compression ratio across (quantizers at 16 x (1 - ratio) bits)"
+        title = f"{model}: {int(part['items'].max())} items, full cache {control:.{digits}f}; compression ratio across (quantizers by their bits, @b)"
         out.append((title, wide))
     return out

@@ -36,7 +36,7 @@ def register(cls: type[Method]) -> type[Method]:
 class Method(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]  # a few words for `kvinject errors`
-    reads: ClassVar[str] = ""  # what it scores from besides positions: "attention" (flash attention off), "keys", "keys and values", "draws"
+    reads: ClassVar[str] = ""  # what it scores from besides positions: "attention" (flash attention off), "keys", "keys and values", "queries", "draws"
 
     @classmethod
     def options(cls) -> tuple[str, ...]:

@@ -13,6 +13,8 @@ import struct
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
+from kvinject.engine import ggml
+
 MAGIC = 0xAF143CD8
 DTYPES = {0: np.float32, 1: np.float16, 30: np.uint16}  # ggml types an exact float32 copy can be read from (30: bf16)
 BLOCKS = {8: "q8_0", 2: "q4_0"}  # quantized types read as bytes
@@ -65,3 +67,16 @@ def read_cells(ctx, seq: int = 0) -> tuple[np.ndarray, dict[tuple[str, int], np.
             out[component, layer] = (rows.T if component == "v" and v_trans else rows).astype(np.float32)
     assert pos == len(data), "unexpected trailing state data"
     return np.array(positions), out
+
+
+def replica_context(model, callback, n_ctx: int, n_batch: int, n_seq: int = 1) -> int:
+    """A llama context as the tests' checked ones are made (f32 cache, flash attention off,
+    unified cells) with the test's own graph callback (keep it alive): its pointer."""
+    params = ll.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, n_batch, n_batch, n_seq
+    params.kv_unified, params.no_perf = True, True
+    params.type_k = params.type_v = ggml.GGML_TYPE_F32
+    params.flash_attn_type = 0
+    params.n_threads = params.n_threads_batch = model.backend.n_threads
+    params.cb_eval, params.cb_eval_user_data = callback, None
+    return ll.llama_init_from_model(model.ptr, params)

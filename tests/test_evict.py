@@ -36,7 +36,7 @@ from kvinject.error_models.evict import Evict
 from kvinject.error_models.eviction import METHODS
 from kvinject.exceptions import SpecError
 
-from .cache_state import read_cells
+from .cache_state import read_cells, replica_context
 from .tiny_model import HEAD_DIM, N_HEAD_KV
 
 PROMPTS = [
@@ -66,14 +66,7 @@ class Replica:
     def __init__(self, model, n_seq: int, n_batch: int):
         self.model, self.q = model, {}
         self._callback = ll.ggml_backend_sched_eval_callback(self._watch)
-        params = ll.llama_context_default_params()
-        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = N_CTX, n_batch, n_batch, n_seq
-        params.kv_unified, params.no_perf = True, True
-        params.type_k = params.type_v = ggml.CACHE_TYPES["f32"]
-        params.flash_attn_type = 0
-        params.n_threads = params.n_threads_batch = model.backend.n_threads
-        params.cb_eval, params.cb_eval_user_data = self._callback, None
-        self._ptr = ll.llama_init_from_model(model.ptr, params)
+        self._ptr = replica_context(model, self._callback, N_CTX, n_batch, n_seq)
         self._batch = ll.llama_batch_init(n_batch, 0, n_seq)
 
     def _watch(self, t, ask, user_data):

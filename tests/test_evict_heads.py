@@ -21,7 +21,7 @@ from kvinject.error_models import parse_error
 from kvinject.error_models.eviction.allocation import ada, layer_budgets, pyramid
 from kvinject.exceptions import SpecError
 
-from .cache_state import read_cells
+from .cache_state import read_cells, replica_context
 from .tiny_model import HEAD_DIM, N_HEAD, N_HEAD_KV
 
 OFF = CacheOptions("f32", "f32", "off")
@@ -89,14 +89,7 @@ class HidingReplica:
         self.hidden: dict[int, dict[int, list[int]]] = {}
         self.queries: dict[int, np.ndarray] = {}  # each layer's first 'Qcur-<il>' node of the last decode: Q before RoPE
         self._callback = ll.ggml_backend_sched_eval_callback(self._watch)
-        params = ll.llama_context_default_params()
-        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 256, 64, 64, 1
-        params.kv_unified, params.no_perf = True, True
-        params.type_k = params.type_v = ggml.CACHE_TYPES["f32"]
-        params.flash_attn_type = 0
-        params.n_threads = params.n_threads_batch = model.backend.n_threads
-        params.cb_eval, params.cb_eval_user_data = self._callback, None
-        self._ptr = ll.llama_init_from_model(model.ptr, params)
+        self._ptr = replica_context(model, self._callback, 256, 64)
         self._batch = ll.llama_batch_init(64, 0, 1)
         self._n_vocab = model.n_vocab
 

@@ -29,17 +29,42 @@ from __future__ import annotations
 from dataclasses import fields
 
 import numpy as np
-from llvmlite import ir
 from numba import carray, cfunc, njit, types
-from numba.extending import intrinsic
 
-from . import ggml, numba_cache, rounding, variates
+from . import ggml, graph_memory, numba_cache, rounding, variates
+from .graph_memory import (
+    _BUFFER,
+    _DATA,
+    _KQ,
+    _NAME,
+    _NE,
+    _OP,
+    _SRC,
+    _TYPE,
+    _VIEW_SRC,
+    _f32,
+    _f64,
+    _ggml_test,
+    _has_prefix,
+    _i32,
+    _i64,
+    _is_soft_max,
+    _l_out_layer,
+    _layer,
+    _python_apply,
+    _python_written,
+    _q_rope_layer,
+    _tensor_get,
+    _u8,
+    _u32,
+    _u64,
+)
 from .realized import RealizedStats
 from .rounding import ROUND, round_scaled, round_to, shared_scale
 from .variates import factor, hash_at
 
-# The compiled pass inlines rounding's and variates' functions: cached, it depends on them too.
-numba_cache.stamp_with(__file__, [rounding.__file__, variates.__file__])
+# The compiled pass inlines graph_memory's, rounding's and variates' functions: cached, it depends on them too.
+numba_cache.stamp_with(__file__, [graph_memory.__file__, rounding.__file__, variates.__file__])
 
 # Header slots.
 MODE, RUN_SITE, RUN_LAST, COMPUTED, ERROR, ERROR_SITE, ERROR_VALUE = range(7)
@@ -77,64 +102,6 @@ MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW, WRITES_OVERFLOW, BAD_INDEX, BAD_SOF
 # Realized-error sums per component, in RealizedStats' field order (written by _change).
 N_SUMS = len(fields(RealizedStats))
 
-_TYPE, _BUFFER, _NE, _OP, _SRC, _VIEW_SRC, _DATA, _NAME = (
-    getattr(ggml.GgmlTensor, f).offset for f in ("type", "buffer", "ne", "op", "src", "view_src", "data", "name")
-)
-
-
-def _pointer_to(element: types.Type):
-    @intrinsic
-    def pointer(typingctx, address):
-        def codegen(context, builder, signature, args):
-            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-
-        return types.CPointer(element)(types.int64), codegen
-
-    return pointer
-
-
-_i64, _u64, _i32, _u32, _u8, _f32, _f64 = (
-    _pointer_to(t) for t in (types.int64, types.uint64, types.int32, types.uint32, types.uint8, types.float32, types.float64)
-)
-
-
-@intrinsic
-def _ggml_test(typingctx, function, pointer):
-    """A ggml ``bool f(pointer)`` (ggml_is_contiguous, ggml_backend_buffer_is_host), called
-    through its address."""
-
-    def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(8), [ir.IntType(64)])
-        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [args[1]])
-
-    return types.uint8(types.int64, types.int64), codegen
-
-
-def _call_void(context, builder, signature, args):
-    """Call ``void f(int64, ...)`` through the address in ``args[0]``."""
-    fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] * (len(args) - 1))
-    builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
-    return context.get_dummy_value()
-
-
-@intrinsic
-def _python_apply(typingctx, function, n):
-    """The hook's Python fallback for the first ``n`` (tensor, site, at) triples of its queue,
-    called through its ctypes address."""
-    return types.void(types.int64, types.int64), _call_void
-
-
-@intrinsic
-def _python_written(typingctx, function, tensor):
-    """The hook's Python function for a computed cache write ``tensor``, called through its ctypes address."""
-    return types.void(types.int64, types.int64), _call_void
-
-
-@intrinsic
-def _tensor_get(typingctx, function, tensor, data, offset, size):
-    """ggml_backend_tensor_get, host or device memory alike."""
-    return types.void(types.int64, types.int64, types.int64, types.int64, types.int64), _call_void
-
 
 @njit(cache=True)
 def _site(head, t):
@@ -163,29 +130,6 @@ def _site(head, t):
     layer = _layer(name, start)
     site = 2 * layer + component
     return site if layer >= 0 and site < head[N_SITES] else -1
-
-
-@njit(cache=True)
-def _layer(name, start):
-    """The layer number a node name ends with, from ``start`` to its NUL, or -1."""
-    layer = 0
-    for i in range(start, 16):
-        c = name[i]
-        if c == 0:
-            return layer if i > start else -1
-        if c < 48 or c > 57:
-            return -1
-        layer = layer * 10 + (c - 48)
-    return -1
-
-
-@njit(cache=True)
-def _has_prefix(t, prefix):
-    name = carray(_u8(t + _NAME), 16)
-    for i in range(len(prefix)):
-        if name[i] != prefix[i]:
-            return False
-    return True
 
 
 @njit(cache=True)
@@ -397,15 +341,6 @@ def _record(head, t):
     head[N_WRITES] = n + 1
 
 
-# llama.cpp names each layer's attention weights (flash attention off) 'kq_soft_max-<il>' (llama-graph.cpp, build_attn_mha).
-_SOFT_MAX = np.frombuffer(b"kq_soft_max-", np.uint8)
-
-
-@njit(cache=True)
-def _is_soft_max(t):
-    return _has_prefix(t, _SOFT_MAX)
-
-
 @njit(cache=True)
 def _add_attention(head, t):
     """A layer's attention weights, (heads, rows, cells) with cells fastest: add their sum over
@@ -427,10 +362,6 @@ def _add_attention(head, t):
     head[N_ATTN] += 1
     head[ATTN_N_KV] = max(head[ATTN_N_KV], n_kv)
     head[ATTN_HEADS] = heads
-
-
-# llama.cpp names each layer's attention logits, K·Q before the soft max, 'kq-<il>' (llama-graph.cpp, build_attn_mha).
-_KQ = np.frombuffer(b"kq-", np.uint8)
 
 
 @njit(cache=True)
@@ -462,18 +393,6 @@ def _hide(head, t):
                     x[(h * rows + i) * n_kv + cells[c]] = -np.inf
 
 
-# llama.cpp's model graphs name each layer's query 'Qcur-<il>', before RoPE and after: RoPE's input is Q before it.
-_QCUR = np.frombuffer(b"Qcur-", np.uint8)
-
-
-@njit(cache=True)
-def _q_rope_layer(t):
-    """The layer of a RoPE node named 'Qcur-<il>', or -1."""
-    if carray(_i32(t + _OP), 1)[0] != ggml.GGML_OP_ROPE or not _has_prefix(t, _QCUR):
-        return -1
-    return _layer(carray(_u8(t + _NAME), 16), len(_QCUR))
-
-
 @njit(cache=True)
 def _copy_query(head, t, layer):
     """Copy the input of a layer's query RoPE, (head dim, heads, rows) f32, to the layer's slot of the query buffer."""
@@ -487,16 +406,6 @@ def _copy_query(head, t, layer):
         return
     _tensor_get(head[TENSOR_GET], q, head[QUERY] + layer * rows * width * 4, 0, rows * width * 4)
     copies[layer] += 1
-
-
-# llama.cpp's model graphs name each layer's output, the residual stream after attention and FFN, 'l_out-<il>'.
-_L_OUT = np.frombuffer(b"l_out-", np.uint8)
-
-
-@njit(cache=True)
-def _l_out_layer(t):
-    """The layer of an 'l_out-<il>' node, or -1."""
-    return _layer(carray(_u8(t + _NAME), 16), len(_L_OUT)) if _has_prefix(t, _L_OUT) else -1
 
 
 @njit(cache=True)

@@ -19,3 +19,8 @@ class ModelError(KvinjectError):
 
 class InjectionError(KvinjectError):
     """The hook failed inside llama.cpp or did not inject what was asked."""
+
+
+class HookError(InjectionError):
+    """An exception raised inside the K/V hook while it changed a decode's values: a fault
+    campaign counts it against the item being decoded (DUE, "raised")."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, chisquare
 
-from kvinject.analysis.faults import fault_map
+from kvinject.analysis.faults import fault_map, machine, readable
 from kvinject.error_models import parse_error
 from kvinject.exceptions import KvinjectError
 from kvinject.experiments.campaign import campaign_margin, campaign_size
@@ -84,6 +84,15 @@ def _record(bench: str, faults, outcomes: list[str]) -> dict:
     }
 
 
+def test_a_map_counts_each_cause_of_due():
+    record = _record("nexttoken", [[_site(14)], [_site(14)], [_site(14)], [_site(3)]], ["due", "due", "due", "masked"])
+    record["items"] |= {"due_nonfinite": [1.0, 0, 0, 0], "due_raised": [0, 1.0, 0, 0], "due_timeout": [0, 0, 1.0, 0]}
+    record["items"]["due"] = [1.0, 1.0, 1.0, 0]
+    table = fault_map([record], ["bit"])
+    assert readable(table, 3).set_index("bit")["due_cause"].to_dict() == {3: "", 14: "nonfinite 1, raised 1, timeout 1"}
+    assert machine(table).set_index("bit").loc[14, ["due", "due_nonfinite", "due_raised", "due_timeout"]].tolist() == pytest.approx([1, 1 / 3, 1 / 3, 1 / 3])
+
+
 def _site(bit: int, layer: int = 0, kv: str = "k") -> dict:
     return {
         "layer": layer,
@@ -112,6 +121,7 @@ def test_a_map_counts_each_single_fault_once_with_wilson_intervals():
     by_layer_kv = fault_map(records, ["layer", "kv"])
     assert by_layer_kv[["layer", "kv", "faults"]].values.tolist() == [[0, "k", 3], [1, "k", 2]]
     assert set(by_layer_kv["format"]) == {"f16"}, "every map names the stored format"
+    assert by_bit.loc[14, ["due_nonfinite", "due_raised", "due_timeout"]].tolist() == pytest.approx([1 / 3, 0, 0]), "before causes: NaN/Inf"
     with pytest.raises(KvinjectError, match="--faults draws maps by bit, field"):
         fault_map(records, ["colour"])
     with pytest.raises(KvinjectError, match="no single-fault injections"):

@@ -1,17 +1,20 @@
 """Fault-campaign outcomes: masked, benign, SDC and DUE per item against the golden run."""
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
-from kvinject.benchmarks import make_bench
+from kvinject.benchmarks import base, make_bench
 from kvinject.benchmarks.outcomes import classify
 from kvinject.engine.batching import generate_all
 from kvinject.engine.context import Context
 from kvinject.engine.options import CacheOptions
+from kvinject.engine.perturbation import ErrorModel
 from kvinject.engine.target import Target
 from kvinject.error_models import Draws, parse_error
 from kvinject.error_models.configuration import Configuration
-from kvinject.exceptions import InjectionError, SpecError
+from kvinject.exceptions import HookError, InjectionError, SpecError
 from kvinject.experiments.runner import run
 
 from .cache_state import read_cells
@@ -22,14 +25,17 @@ from .tiny_model import HEAD_DIM, N_HEAD_KV
 def test_each_item_gets_the_outcome_its_definition_says():
     golden = [[1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3]]
     tokens = [[1, 2, 3], [1, 2, 4], [1, 2, 4], [1, 2, 4], [1, 2, 3]]
-    got = classify(golden, [1.0, 1.0, 0.0, 1.0, 1.0], tokens, [1.0, 0.0, 1.0, 1.0, 1.0], [False, False, False, False, True], higher_is_better=True)
+    got = classify(golden, [1.0, 1.0, 0.0, 1.0, 1.0], tokens, [1.0, 0.0, 1.0, 1.0, 1.0], ["", "", "", "timeout", "nonfinite"], higher_is_better=True)
     assert got == {
         "masked": [1, 0, 0, 0, 0],
         "sdc": [0, 1, 0, 0, 0],  # another output, a worse score
-        "benign": [0, 0, 1, 1, 0],  # another output, no worse a score (better counts as benign)
-        "due": [0, 0, 0, 0, 1],  # NaN/Inf logits, whatever the tokens
+        "benign": [0, 0, 1, 0, 0],  # another output, no worse a score (better counts as benign)
+        "due": [0, 0, 0, 1, 1],  # a cause, whatever the tokens and score
+        "due_nonfinite": [0, 0, 0, 0, 1],
+        "due_raised": [0, 0, 0, 0, 0],
+        "due_timeout": [0, 0, 0, 1, 0],
     }
-    lower = classify(golden[:2], [2.0, 2.0], tokens[:2], [2.0, 3.0], [False, False], higher_is_better=False)
+    lower = classify(golden[:2], [2.0, 2.0], tokens[:2], [2.0, 3.0], ["", ""], higher_is_better=False)
     assert lower["masked"] == [1, 0] and lower["sdc"] == [0, 1], "a higher perplexity-like score is worse"
 
 
@@ -42,6 +48,68 @@ def test_every_configuration_but_the_control_is_classified(tiny):
     per_item = np.sum([loud.items[k] for k in ("masked", "benign", "sdc", "due")], axis=0)
     assert per_item.tolist() == [1.0] * 6, "one outcome per item"
     assert loud.extra["masked"] < 1
+
+
+PROMPTS = ["The quick brown fox jumps over the lazy dog.", "One two three four five six seven eight nine ten eleven twelve.", "Hello there, how are you?"]
+
+
+@dataclass(frozen=True)
+class _RaisesAt(ErrorModel):
+    """Changes nothing, and raises in the hook's Python side for a decode of ``rows`` tokens."""
+
+    rows: int
+    name = "raises-at"
+    syntax = summary = example = "raises-at"
+
+    def apply(self, x, draws):
+        if len(x) == self.rows:
+            raise ValueError(f"a decode of {self.rows} rows")
+
+
+def test_an_error_raised_in_one_item_s_decode_stops_that_item_alone(tiny):
+    """With ``contain``, a hook error in a decode of one sequence's tokens ends that item (its
+    cause kept) and the others generate what they generate without it; in a decode several
+    sequences share, it cannot be put down to one item and is raised."""
+    prompts = [tiny.tokenize(p) for p in PROMPTS]
+    lengths = [len(p) for p in prompts]
+    assert len(set(lengths)) == 3 and 2 not in lengths
+
+    def generations(rows, n_seq=1, contain=True):
+        with Context(tiny, error=_RaisesAt(rows), seed=1, n_ctx=64 * n_seq, n_seq=n_seq) as ctx:
+            return dict(generate_all(ctx, prompts, 5, items=[0, 1, 2], contain=contain))
+
+    clean, got = generations(rows=999), generations(rows=lengths[1])
+    assert got[1].stopped == f"error inside the K/V hook: ValueError: a decode of {lengths[1]} rows".join(["raised: ", ""]) and got[1].tokens == []
+    assert np.isnan(got[1].first_logits).all(), "no logits: the prompt never finished"
+    assert [got[i].tokens for i in (0, 2)] == [clean[i].tokens for i in (0, 2)] and all(clean[i].tokens for i in (0, 2))
+    assert not any(g.stopped for g in clean.values())
+    with pytest.raises(HookError, match="a decode of"):
+        generations(rows=lengths[1], contain=False)
+    with pytest.raises(HookError, match="a decode of 2 rows"):  # the first decode of two sequences' next tokens
+        generations(rows=2, n_seq=2)
+
+
+def test_a_generation_past_its_deadline_stops_after_the_pick_it_was_in(tiny):
+    prompts = [tiny.tokenize(p) for p in PROMPTS]
+    with Context(tiny, seed=1, n_ctx=64) as ctx:
+        clean = dict(generate_all(ctx, prompts, 5, items=[0, 1, 2], ignore_eos=True))
+        late = dict(generate_all(ctx, prompts, 5, items=[0, 1, 2], ignore_eos=True, deadline=0.0))
+    for i in range(3):
+        assert late[i].stopped == "timeout" and late[i].tokens == clean[i].tokens[:1] and len(clean[i].tokens) == 5
+
+
+def test_a_campaign_counts_an_item_past_its_time_limit_as_due(tiny, monkeypatch):
+    """Fault campaigns alone get the watchdog: with a limit of 0 s, every faulted item still
+    generating after its first token is DUE for "timeout"; the control is timed, not limited."""
+    monkeypatch.setattr(base, "TIMEOUT_FLOOR_S", 0.0)
+    monkeypatch.setattr(base, "TIMEOUT_FACTOR", 0.0)
+    bench = make_bench("nexttoken", {"limit": 8})
+    control, noise, faults = run(tiny, [bench], [Configuration(), Configuration.parse("normal:0,0"), Configuration.parse("faults:1,bit=0")], runs=1)
+    assert noise.items["masked"] == [1.0] * 8 and not any(noise.items["due_timeout"]), "only a fault campaign is limited"
+    assert all(len(tokens) > 1 for tokens in control.outputs), "each golden item takes several picks, so each faulted one is cut"
+    assert [len(tokens) for tokens in faults.outputs] == [1] * 8
+    assert faults.items["due_timeout"] == faults.items["due"] == [1.0] * 8 and faults.extra["due"] == 1
+    assert faults.nonfinite_items == 0 and not any(faults.items["due_nonfinite"] + faults.items["due_raised"])
 
 
 def _nearest_bf16(x: np.ndarray) -> np.ndarray:

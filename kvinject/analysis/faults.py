@@ -16,17 +16,21 @@ from typing import Any
 
 import pandas as pd
 
+from ..benchmarks.outcomes import CAUSES
 from ..benchmarks.outcomes import METRICS as OUTCOMES
 from ..exceptions import KvinjectError
 from .stats import proportion_ci
 
+CAUSED = [f"due_{c}" for c in CAUSES]
 # What a map can be drawn by: the fields of a recorded fault.
 DIMENSIONS = ("bit", "field", "format", "layer", "kv", "head", "element", "position", "stage")
 
 
 def fault_map(records: list[dict[str, Any]], by: list[str]) -> pd.DataFrame:
     """Per model, bench, stored format and value of ``by``: the single-fault injections and the
-    rates of each outcome among them, with Wilson's 95% interval for SDC and DUE. Every
+    rates of each outcome among them, with Wilson's 95% interval for SDC and DUE, and the DUE
+    rate of each cause (``due_nonfinite``...; records made before causes were kept had only
+    non-finite logits). Every
     configuration's injections are pooled (each drew its sites uniformly from its own space;
     ``report --filter error=...`` takes one)."""
     unknown = [b for b in by if b not in DIMENSIONS]
@@ -43,16 +47,18 @@ def fault_map(records: list[dict[str, Any]], by: list[str]) -> pd.DataFrame:
                 continue
             site = {"stage": "prompt"} | sites[0]  # faults recorded before stages were named all lay in prompts
             key = (record["settings"].get("model"), record["settings"]["bench"], site["format"], *(site[b] for b in by))
-            outcomes = rows.setdefault(key, {o: [] for o in OUTCOMES})
+            outcomes = rows.setdefault(key, {o: [] for o in [*OUTCOMES, *CAUSED]})
             for o in OUTCOMES:
                 outcomes[o].append(items[o][i])
+            for o in CAUSED:
+                outcomes[o].append(items[o][i] if o in items else items["due"][i] * (o == "due_nonfinite"))
     if not rows:
         raise KvinjectError("no single-fault injections in these records: --faults maps the runs of faults:1 (a generation bench, with its control)")
     out = []
     for key in sorted(rows, key=lambda k: tuple(map(str, k[:2])) + k[2:]):
         outcomes = rows[key]
         row: dict[str, Any] = {"model": key[0], "bench": key[1], "format": key[2], **dict(zip(by, key[3:])), "faults": len(outcomes["sdc"])}
-        for o in OUTCOMES:
+        for o in [*OUTCOMES, *CAUSED]:
             row[o] = sum(outcomes[o]) / len(outcomes[o])
         for o in ("sdc", "due"):
             row[f"{o}_ci"] = list(proportion_ci(outcomes[o]))
@@ -61,9 +67,12 @@ def fault_map(records: list[dict[str, Any]], by: list[str]) -> pd.DataFrame:
 
 
 def readable(table: pd.DataFrame, digits: int) -> pd.DataFrame:
-    """The map for reading: each interval as one 'low–high' column."""
+    """The map for reading: each interval as one 'low–high' column, the causes of DUE as one
+    'cause count' column."""
     g = f".{digits}g"
-    return table.assign(**{c: [f"{lo:{g}}–{hi:{g}}" for lo, hi in table[c]] for c in ("sdc_ci", "due_ci")})
+    causes = [", ".join(f"{c} {round(row[f'due_{c}'] * row['faults'])}" for c in CAUSES if row[f"due_{c}"]) for _, row in table.iterrows()]
+    out = table.drop(columns=CAUSED).assign(**{c: [f"{lo:{g}}–{hi:{g}}" for lo, hi in table[c]] for c in ("sdc_ci", "due_ci")})
+    return out.assign(due_cause=causes)
 
 
 def machine(table: pd.DataFrame) -> pd.DataFrame:

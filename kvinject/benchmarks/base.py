@@ -78,6 +78,7 @@ class Golden:
 
     outputs: list[list[int]]
     items: dict[str, list[float]]
+    seconds: float = 0.0  # the run's, which sizes a fault campaign's time limit (item_deadline)
 
 
 # Which runs of which configuration to evaluate; the first entry is the control.
@@ -243,8 +244,14 @@ class GenerationBenchmark(Benchmark):
     def summarize(self, scores: list[Any]) -> tuple[dict[str, float], dict[str, list[float]]]:
         """(metrics, per-item values of the paired metrics) of one run's scores."""
 
-    def nonfinite(self, generation: Generation) -> bool:
-        return generation.nonfinite_steps > 0
+    def due(self, generation: Generation) -> str:
+        """What made an item DUE (outcomes.CAUSES): NaN or Inf logits, else the watchdog that
+        stopped it (generate_all's deadline and contain); "" for none."""
+        if generation.nonfinite_steps:
+            return "nonfinite"
+        if generation.stopped:
+            return generation.stopped.partition(":")[0]
+        return "nonfinite" if not np.isfinite(generation.first_logits).all() else ""
 
     def plan(self, configs: list[Configuration], runs: int) -> Plan:
         if self.temperature > 0 and any(c.error.cache_free for c in configs):
@@ -257,7 +264,7 @@ class GenerationBenchmark(Benchmark):
         if "outputs" not in record or self.primary not in record["items"]:
             return None
         scores = [math.nan if v is None else v for v in record["items"][self.primary]]  # NaN is stored as null
-        return Golden(record["outputs"], {self.primary: scores})
+        return Golden(record["outputs"], {self.primary: scores}, record.get("seconds", 0.0))
 
     def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress, golden: Golden | None = None) -> Iterator[RunResult]:
         prompts = self.prompts(model)
@@ -276,7 +283,7 @@ class GenerationBenchmark(Benchmark):
         prefills = Prefills()  # prompts decoded once for the configurations that leave them alone (eviction)
         for config, runs in plan:
             for run in runs:
-                result = self._run(model, config, run, seed, prompts, control.outputs if control else None, reference, progress, spans, prefills)
+                result = self._run(model, config, run, seed, prompts, control, reference, progress, spans, prefills)
                 if control is None:
                     control = result
                 else:  # each item against the golden run, as fault campaigns classify them
@@ -299,7 +306,7 @@ class GenerationBenchmark(Benchmark):
         run: int,
         seed: int,
         prompts: list[list[int]],
-        control: list[list[int]] | None,
+        control: RunResult | Golden | None,
         reference: Configuration | None,
         progress: Progress,
         spans: list[Spans] | None = None,
@@ -314,12 +321,14 @@ class GenerationBenchmark(Benchmark):
         outputs: list[list[int]] = [[] for _ in range(n)]
         texts = [""] * n
         drift: list[dict[str, float]] = [{}] * n
-        due = [False] * n
+        due = [""] * n
         faults: list[list[dict[str, object]] | None] = [None] * n
         tokens = 0
         max_tokens, per_seq = self.limits(prompts)
         with ExitStack() as stack:
             ctx = stack.enter_context(generation_context(model, config, seed, run, per_seq, self.sequences(model, per_seq)))
+            # A fault campaign's watchdogs: an item that hangs or raises is DUE, and the run goes on.
+            deadline = item_deadline(control, ctx.n_seq) if config.error.placed and control is not None else None
             if config.error.cache_free:
                 verify = stack.enter_context(pass_context(model, config.cache, per_seq))
                 generations = generate_cache_free(ctx, verify, prompts, max_tokens, self.stop(model), items=range(n))
@@ -334,12 +343,14 @@ class GenerationBenchmark(Benchmark):
                     keep_logits=reference is not None,
                     spans=spans,
                     prefills=prefills,
+                    deadline=deadline,
+                    contain=config.error.placed,
                 )
             judge = stack.enter_context(pass_context(model, reference.cache, per_seq)) if reference is not None and control is not None else None
             for i, gen in generations:
                 scores[i] = self.score(i, gen)
                 outputs[i], texts[i], faults[i] = gen.tokens, gen.text, gen.faults
-                due[i] = self.nonfinite(gen)
+                due[i] = self.due(gen)
                 tokens += len(prompts[i]) + len(gen.tokens)
                 if reference is not None:
                     drift[i] = compare(gen.logits, one_pass(judge, prompts[i], gen.tokens)[: len(gen.logits)] if judge else gen.logits)
@@ -350,7 +361,7 @@ class GenerationBenchmark(Benchmark):
             items["due"] = due  # taken by evaluate, which classifies each item against the control
         extra = {}
         if control is not None:
-            extra, divergence_items = divergence(control, outputs)
+            extra, divergence_items = divergence(control.outputs, outputs)
             items |= divergence_items
         if reference is not None:
             drift_metrics, drift_items = summarize_drift(drift)
@@ -363,7 +374,7 @@ class GenerationBenchmark(Benchmark):
             metrics,
             items,
             realized,
-            sum(due),
+            sum(cause == "nonfinite" for cause in due),
             time.perf_counter() - start,
             tokens,
             extra,
@@ -371,6 +382,17 @@ class GenerationBenchmark(Benchmark):
             texts if self.keep_texts else None,
             faults if config.error.placed else None,
         )
+
+
+# An item of a fault campaign still generating after this many times its golden run's time (and
+# at least TIMEOUT_FLOOR_S seconds, so that a busy machine does not trip it) is DUE, "timeout".
+TIMEOUT_FACTOR, TIMEOUT_FLOOR_S = 20, 30.0
+
+
+def item_deadline(control: RunResult | Golden, n_seq: int) -> float:
+    """Seconds an item of a fault campaign may take: the golden run's time per item (``n_seq``
+    items at a time) times TIMEOUT_FACTOR, at least TIMEOUT_FLOOR_S."""
+    return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * control.seconds * n_seq / max(1, len(control.outputs or ())))
 
 
 def generation_context(model: Model, config: Configuration, seed: int, run: int, per_seq: int, n_seq: int) -> Context:

@@ -102,9 +102,6 @@ class NextToken(GenerationBenchmark):
         lp = log_softmax(generation.first_logits)[self._targets[index]]
         return correct, float(lp) if np.isfinite(lp) else float("nan")
 
-    def nonfinite(self, generation: Generation) -> bool:
-        return bool(generation.nonfinite_steps) or not np.isfinite(generation.first_logits).all()
-
     def summarize(self, scores: list[tuple[float, float]]) -> tuple[dict[str, float], dict[str, list[float]]]:
         correct, logprob = [c for c, _ in scores], [lp for _, lp in scores]
         return {"accuracy": float(np.mean(correct)), "mean_logprob": nanmean(logprob)}, {"accuracy": correct, "mean_logprob": logprob}

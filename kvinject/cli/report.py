@@ -43,8 +43,8 @@ def report(
         Optional[str],
         typer.Option(
             "--faults",
-            help="Map a fault campaign (faults:1) instead: the shares of single-fault injections masked, benign, SDC and DUE, with 95% "
-            "Wilson intervals, by bit, field, format, layer, kv, head, element, position or stage (several comma-separated, e.g. bit or "
+            help="Map a fault campaign (faults:1) instead: the shares of single-fault injections masked, benign, SDC and DUE (with its "
+            "causes), with 95% Wilson intervals, by bit, field, format, layer, kv, head, element, position or stage (several comma-separated, e.g. bit or "
             "field,bit; docs/faults.md); --plot draws its SDC and DUE rates.",
         ),
     ] = None,

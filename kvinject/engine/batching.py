@@ -16,13 +16,14 @@ cells among threads. docs/performance.md measures both.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..exceptions import DataError
+from ..exceptions import DataError, HookError
 from .positions import MAX_POSITION, Spans
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class Generation:
     first_logits: np.ndarray  # the logits after the prompt
     logits: np.ndarray | None = None  # (steps, n_vocab): the logits of every pick, when asked for
     faults: list[dict[str, object]] | None = None  # where each fault landed (Context.faults)
+    stopped: str = ""  # why it stopped early: "timeout" or "raised: <the hook's error>" (generate_all's deadline, contain)
 
 
 @dataclass
@@ -51,6 +53,8 @@ class _Slot:
     first: np.ndarray | None = None
     nonfinite: int = 0
     rows: list[np.ndarray] | None = None  # every pick's logits, kept when asked for
+    start: float = field(default_factory=time.perf_counter)
+    stopped: str = ""
 
     @property
     def length(self) -> int:
@@ -70,6 +74,8 @@ def generate_all(
     keep_logits: bool = False,
     spans: Sequence[Spans] | None = None,
     prefills: Prefills | None = None,
+    deadline: float | None = None,
+    contain: bool = False,
 ) -> Iterator[tuple[int, Generation]]:
     """Generate after every prompt, up to ``ctx.n_seq`` at a time; yield ``(index, generation)``
     as each finishes. ``items[i]`` seeds prompt ``i`` (see ``Context.begin_item``); without
@@ -84,7 +90,11 @@ def generate_all(
     tokens are marked as ``prompt`` and ``generated`` (a prefix counts as generated), with the
     spans ``spans[i]`` of prompt ``i`` a benchmark declares, for ``--positions``. With
     ``prefills``, what configurations decode alike of a prompt is decoded by the first only
-    (``Context.resume``)."""
+    (``Context.resume``). Fault campaigns ask for two watchdogs: a generation still going
+    ``deadline`` seconds after its sequence took it stops, ``stopped`` "timeout"; with
+    ``contain``, an error raised inside the hook (HookError) in a decode of one sequence's tokens
+    stops that sequence's generation, ``stopped`` "raised: ...", and the others go on (in a
+    decode shared by several it cannot be put down to one, and is raised)."""
     prefixes = prefixes or [()] * len(prompts)
     for p in prompts:
         if not 0 < len(p) < ctx.n_ctx_seq:
@@ -105,9 +115,9 @@ def generate_all(
             prefix = list(prefixes[index])
             slot = _Slot(seq, index, [*prompts[index], *prefix], out=prefix, prefix=len(prefix), rows=[] if keep_logits else None)
             slot.fed, logits = ctx.resume(seq, prompts[index], prefills) if not prefix else (0, None)
-            if logits is not None and _step(ctx, slot, logits, max_tokens, temperature, stop, ignore_eos):  # the whole prompt restored
+            if logits is not None and _step(ctx, slot, logits, max_tokens, temperature, stop, ignore_eos, deadline):  # the whole prompt restored
                 free.append(seq)
-                yield index, Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, slot.first, _rows(slot), ctx.faults(seq))
+                yield index, _generation(ctx, slot)
                 continue
             active.append(slot)
         # A prompt piece is decoded alone, as when its item runs by itself; generated tokens of
@@ -125,19 +135,31 @@ def generate_all(
         else:
             entries = [(s.out[-1], s.length - 1, s.seq, True) for s in active]
             asks = [(s, i) for i, s in enumerate(active)]
-        ctx.decode(entries)
+        try:
+            ctx.decode(entries)
+        except HookError as e:
+            if not contain or len({seq for _, _, seq, _ in entries}) != 1:
+                raise
+            slot = next(s for s in active if s.seq == entries[0][2])
+            slot.stopped = f"raised: {e}"
+            active.remove(slot)
+            free.append(slot.seq)
+            yield slot.index, _generation(ctx, slot)  # its cells go when the sequence takes the next prompt
+            continue
         for slot, i in asks:
-            if _step(ctx, slot, ctx.logits(i), max_tokens, temperature, stop, ignore_eos):
+            if _step(ctx, slot, ctx.logits(i), max_tokens, temperature, stop, ignore_eos, deadline):
                 active.remove(slot)
                 free.append(slot.seq)
-                yield slot.index, Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, slot.first, _rows(slot), ctx.faults(slot.seq))
+                yield slot.index, _generation(ctx, slot)
 
 
-def _rows(slot: _Slot) -> np.ndarray | None:
-    return np.array(slot.rows) if slot.rows is not None else None
+def _generation(ctx: Context, slot: _Slot) -> Generation:
+    rows = np.array(slot.rows) if slot.rows is not None else None
+    first = slot.first if slot.first is not None else np.full(ctx.model.n_vocab, np.nan, np.float32)  # raised before the prompt's end
+    return Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, first, rows, ctx.faults(slot.seq), slot.stopped)
 
 
-def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop, ignore_eos: bool) -> bool:
+def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop, ignore_eos: bool, deadline: float | None) -> bool:
     """Pick the slot's next token from ``logits``; True when its generation is finished."""
     if slot.rows is not None:
         slot.rows.append(logits.copy())
@@ -152,4 +174,9 @@ def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temper
     if ctx.model.is_eog(token) and not ignore_eos:
         return True
     slot.out.append(token)
-    return (stop is not None and stop(slot.out)) or slot.length >= ctx.n_ctx_seq or len(slot.out) >= max_tokens
+    if (stop is not None and stop(slot.out)) or slot.length >= ctx.n_ctx_seq or len(slot.out) >= max_tokens:
+        return True
+    if deadline is not None and time.perf_counter() - slot.start > deadline:
+        slot.stopped = "timeout"
+        return True
+    return False

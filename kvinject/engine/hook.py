@@ -27,7 +27,7 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from .. import interrupts
-from ..exceptions import InjectionError, ModelError
+from ..exceptions import HookError, InjectionError, ModelError
 from . import device, ggml
 from . import graph_callback as gc
 from .attention import AttentionSums
@@ -443,7 +443,7 @@ class KVHook:
         if error is not None:
             if isinstance(error, (InjectionError, ModelError, KeyboardInterrupt)):
                 raise error
-            raise InjectionError(f"error inside the K/V hook: {type(error).__name__}: {error}") from error
+            raise HookError(f"error inside the K/V hook: {type(error).__name__}: {error}") from error
         self._raise_native_error()
 
     def _raise_native_error(self) -> None:

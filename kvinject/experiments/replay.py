@@ -77,7 +77,7 @@ def replay(record: dict[str, Any], control: dict[str, Any], item: int, fault: in
     if golden is None:
         raise KvinjectError(f"the control of {record['label']} was stored without its tokens (before session 10): its outcomes cannot be replayed")
     outcomes = classify(
-        [golden.outputs[item]], [golden.items[bench.primary][item]], [gen.tokens], scores, [bench.nonfinite(gen)], bench.higher_is_better[bench.primary]
+        [golden.outputs[item]], [golden.items[bench.primary][item]], [gen.tokens], scores, [bench.due(gen)], bench.higher_is_better[bench.primary]
     )
     whole = fault is None or len(faults[item]) == 1
     return Replayed(

@@ -1,4 +1,4 @@
-"""Budgets per KV head (``alloc=ada``) and per layer (``alloc=pyramid``) on the real hook: the
+"""Budgets per KV head (``alloc=heads``, ``alloc=ada``) and per layer (``alloc=pyramid``) on the real hook: the
 allocations against literal implementations of kvpress's definitions, the cells left in the
 cache and hidden from each head against what they give on K read back from the cache, and the
 decodes after the cut against a replica context that hides the same cells from the same heads
@@ -125,7 +125,13 @@ class HidingReplica:
 
 
 @pytest.mark.parametrize(
-    "spec", ["evict:knorm,0.5,alloc=ada,decode=0", "evict:keydiff,0.4,alloc=ada,alpha=0.5,decode=0", "evict:knorm,0.5,alloc=pyramid,window=2,beta=2,decode=0"]
+    "spec",
+    [
+        "evict:knorm,0.5,alloc=ada,decode=0",
+        "evict:keydiff,0.4,alloc=ada,alpha=0.5,decode=0",
+        "evict:knorm,0.5,alloc=pyramid,window=2,beta=2,decode=0",
+        "evict:keydiff,0.3,alloc=heads,decode=0",
+    ],
 )
 def test_each_head_sees_what_its_allocation_keeps_and_decodes_as_a_replica_hiding_the_same(tiny, spec):
     tokens = tiny.tokenize(PROMPT)
@@ -142,8 +148,13 @@ def test_each_head_sees_what_its_allocation_keeps_and_decodes_as_a_replica_hidin
         unit = keys / np.linalg.norm(keys, axis=-1, keepdims=True)
         anchor = unit.mean(axis=1, keepdims=True)
         scores = -((unit * anchor).sum(-1) / np.linalg.norm(anchor, axis=-1)).transpose(0, 2, 1)
-    kept = literal_ada(scores, budget, error.alpha) if error.alloc == "ada" else pyramid_literal(scores, n, error)
+    if error.alloc == "ada":
+        kept = literal_ada(scores, budget, error.alpha)
+    else:  # kvpress's ScorerPress keeps each head's top int(n (1 - compression ratio)); PyramidKV varies it by layer
+        budgets = [budget] * 2 if error.alloc == "heads" else literal_layer_budgets(2, n, 1 - float(error.budget), error.window, error.beta)
+        kept = per_head_literal(scores, budgets)
     anywhere = kept.any(axis=(0, 1))
+    assert (anywhere & ~kept).any(), "some head drops a token another keeps: cells are hidden"
     with Context(tiny, OFF, error, n_ctx=256, n_batch=64) as ctx:
         ctx.decode([(t, i, 0, i == n - 1) for i, t in enumerate(tokens)])
         held = read_cells(ctx, 0)[0]
@@ -166,9 +177,9 @@ def test_each_head_sees_what_its_allocation_keeps_and_decodes_as_a_replica_hidin
     replica.close()
 
 
-def pyramid_literal(scores: np.ndarray, n: int, error) -> np.ndarray:
+def per_head_literal(scores: np.ndarray, budgets: list[int]) -> np.ndarray:
     """Each head of a layer keeps its top of the layer's budget, the newest token first."""
-    budgets = literal_layer_budgets(len(scores), n, 1 - float(error.budget), error.window, error.beta)
+    n = scores.shape[2]
     kept = np.zeros(scores.shape, bool)
     for layer, b in enumerate(budgets):
         for h in range(scores.shape[1]):

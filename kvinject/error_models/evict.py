@@ -22,7 +22,7 @@ import numpy as np
 from ..engine.perturbation import CacheResident
 from ..exceptions import SpecError
 from .eviction import METHODS, Method
-from .eviction.allocation import ALLOCATIONS, ada, pyramid
+from .eviction.allocation import ALLOCATIONS, ada, per_layer, pyramid
 from .registry import register
 
 if TYPE_CHECKING:
@@ -45,21 +45,21 @@ class Evict(CacheResident):
     kernel: int = 5
     lag: int = 128
     future: int = 512
-    alloc: str | None = None  # budgets per KV head ("ada", with alpha) or per layer ("pyramid", with window and beta); None: one set per sequence
+    alloc: str | None = None  # budgets per KV head ("heads"; "ada", with alpha) or per layer ("pyramid", with window and beta); None: one set per sequence
     alpha: float = 0.2
     beta: int = 20
     decode: int | None = None  # compress the prompt, then every DECODE generated tokens (0: never again); None: after every decode
     query: str | None = None  # "agnostic": compress a prompt's context before its question is decoded; None: the whole prompt (aware)
     name: ClassVar[str] = "evict"
     syntax: ClassVar[str] = (
-        "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5|lag=128|future=512][,alloc=ada[,alpha=0.2]|pyramid[,window=64,beta=20]][,decode=N][,query=agnostic|aware]"
+        "evict:METHOD,BUDGET[,sinks=4|recent=0.5|window=64,kernel=5|lag=128|future=512][,alloc=heads|ada[,alpha=0.2]|pyramid[,window=64,beta=20]][,decode=N][,query=agnostic|aware]"
     )
     summary: ClassVar[str] = (
         "Eviction after each decode (decode=N: after the prompt, then every N generated tokens; 0: the prompt only) to BUDGET tokens per "
         "sequence (0.25: a ratio of its tokens; 256: tokens), kept ones at their positions: "
         + ", ".join(f"{name} ({method.summary})" for name, method in METHODS.items())
-        + " (kvinject/error_models/eviction/). alloc=ada or pyramid (knorm, keydiff, lagkv, expected; decode=0, flash attention off): budgets per KV head"
-        " of a layer (AdaKV) or per layer (PyramidKV), cells hidden from the heads that drop them."
+        + " (kvinject/error_models/eviction/). alloc=heads, ada or pyramid (knorm, keydiff, lagkv, expected; decode=0, flash attention off): B per KV head"
+        " (kvpress's presses), budgets per head of a layer (AdaKV) or per layer (PyramidKV), cells hidden from the heads that drop them."
     )
     example: ClassVar[str] = "evict:streaming,1024,sinks=4"
 
@@ -86,7 +86,7 @@ class Evict(CacheResident):
         if self.query not in (None, "agnostic", "aware"):
             raise SpecError(f"'evict': query must be agnostic (the context compressed before the question) or aware, got '{self.query}'")
         if self.alloc is not None and self.alloc not in ALLOCATIONS:
-            raise SpecError(f"'evict': alloc must be ada (budgets per KV head) or pyramid (per layer), got '{self.alloc}'")
+            raise SpecError(f"'evict': alloc must be heads (B per KV head), ada (budgets per head of a layer) or pyramid (per layer), got '{self.alloc}'")
         if self.alloc is not None and METHODS[self.method].head_scores is Method.head_scores:
             with_heads = ", ".join(name for name, m in METHODS.items() if m.head_scores is not Method.head_scores)
             raise SpecError(f"'evict:{self.method}' scores tokens as a whole: alloc={self.alloc} needs scores per head ({with_heads})")
@@ -185,7 +185,10 @@ class Evict(CacheResident):
     def _allocate(self, cache: ResidentCache, seq: int, held: np.ndarray, scores: np.ndarray, budget: int) -> None:
         """Budgets per layer or head: a token no head keeps leaves the cache, the others are hidden
         from the heads that drop them."""
-        kept = ada(scores, budget, self.alpha) if self.alloc == "ada" else pyramid(scores, budget, self.window, self.beta)
+        if self.alloc == "heads":
+            kept = per_layer(scores, [budget] * len(scores))
+        else:
+            kept = ada(scores, budget, self.alpha) if self.alloc == "ada" else pyramid(scores, budget, self.window, self.beta)
         anywhere = kept.any(axis=(0, 1))
         cache.remove(seq, held[~anywhere])
         for layer, head in np.ndindex(kept.shape[:2]):

@@ -1,6 +1,7 @@
-"""Budgets per layer and per KV head over a method's scores, as kvpress's wrappers allocate them:
-``alloc=ada`` (``AdaKVPress``; Feng et al., "Ada-KV", 2024) and ``alloc=pyramid``
-(``PyramidKVPress``; Cai et al., "PyramidKV", 2024). Each takes the scores of a sequence's held
+"""Budgets per layer and per KV head over a method's scores, as kvpress allocates them:
+``alloc=heads`` (B per KV head of every layer, each head its own best: what kvpress's
+``ScorerPress`` does by itself), ``alloc=ada`` (``AdaKVPress``; Feng et al., "Ada-KV", 2024) and
+``alloc=pyramid`` (``PyramidKVPress``; Cai et al., "PyramidKV", 2024). Each takes the scores of a sequence's held
 tokens per layer and KV head, (layers, heads, tokens), and a budget of B tokens, and returns
 which each layer's heads keep (the same shape, bool): in all, B per layer and head on average.
 Every head keeps the sequence's newest token (llama.cpp requires its positions to follow on).
@@ -52,12 +53,18 @@ def layer_budgets(layers: int, n: int, budget: int, window: int, beta: int) -> l
 
 def pyramid(scores: np.ndarray, budget: int, window: int, beta: int) -> np.ndarray:
     """Each head of layer l keeps its ``layer_budgets()[l]`` highest scores."""
+    return per_layer(scores, layer_budgets(len(scores), scores.shape[2], budget, window, beta))
+
+
+def per_layer(scores: np.ndarray, budgets: list[int]) -> np.ndarray:
+    """Each head of layer l keeps its ``budgets[l]`` highest scores (``alloc=heads``: B in every
+    layer, as kvpress's ScorerPress keeps each KV head's top B)."""
     scores = _newest_first(scores)
     kept = np.zeros(scores.shape, bool)
-    for layer, (x, b) in enumerate(zip(scores, layer_budgets(len(scores), scores.shape[2], budget, window, beta))):
+    for layer, (x, b) in enumerate(zip(scores, budgets)):
         for h in range(len(x)):
             kept[layer, h, top(x[h], b)] = True
     return kept
 
 
-ALLOCATIONS = {"ada": "alpha", "pyramid": "window,beta"}  # each allocation's options (of evict)
+ALLOCATIONS = {"heads": "", "ada": "alpha", "pyramid": "window,beta"}  # each allocation's options (of evict)

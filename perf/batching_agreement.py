@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from kvinject.benchmarks import IFEval, NextToken
-from kvinject.benchmarks.base import divergence
+from kvinject.benchmarks.base import token_divergence
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions
 from kvinject.error_models.configuration import Configuration
@@ -39,7 +39,7 @@ def main() -> None:
         for spec in SPECS:
             plan = [(Configuration.parse(spec), [0])]
             (seq,), (par,) = (list(bench.evaluate(m, plan, seed=0, progress=lambda n: None)) for m in models.values())
-            d = divergence(seq.outputs, par.outputs)
+            d = token_divergence(seq.outputs, par.outputs)
             print(
                 f"{bench.name:<10}{spec:<16}{len(bench):>6}{d['diverged']:>8.1%}{d['first_diff']:>11.1f}"
                 f"{bench.primary:>26}{seq.metrics[bench.primary]:>11.4f}{par.metrics[bench.primary]:>9.4f}"

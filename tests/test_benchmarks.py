@@ -10,7 +10,7 @@ import pytest
 
 from kvinject.analysis.aggregate import aggregate
 from kvinject.benchmarks import IFEval, NextToken, Perplexity, make_bench
-from kvinject.benchmarks.base import divergence
+from kvinject.benchmarks.base import token_divergence
 from kvinject.benchmarks.ifeval.bench import load_items
 from kvinject.benchmarks.nexttoken import log_softmax, make_snippets
 from kvinject.engine.context import Context
@@ -82,7 +82,7 @@ def test_malformed_data_names_the_file_and_line(tmp_path):
 
 def test_divergence_counts_differing_outputs_and_first_difference():
     # Token match per item: 3 of 3 positions agree, 1 of 2, 1 of 2 (the longer output counts).
-    metrics, items = divergence([[1, 2, 3], [4, 5], [6]], [[1, 2, 3], [4, 9], [6, 7]])
+    metrics, items = token_divergence([[1, 2, 3], [4, 5], [6]], [[1, 2, 3], [4, 9], [6, 7]])
     assert metrics == {"diverged": 2 / 3, "first_diff": 1.0, "token_match": (1 + 1 / 2 + 1 / 2) / 3}
     assert items == {"diverged": [0, 1, 1], "token_match": [1, 1 / 2, 1 / 2]}
 

@@ -3,7 +3,7 @@
 import pytest
 
 from kvinject.benchmarks import make_bench
-from kvinject.engine.bits import bits_per_element
+from kvinject.engine.bits import cache_bits
 from kvinject.engine.context import Context
 from kvinject.engine.target import Target
 from kvinject.error_models.configuration import Configuration
@@ -12,7 +12,7 @@ from kvinject.experiments.runner import run
 
 def bits(spec: str, target: str = "kv", layers: str | None = None, heads: str | None = None, n_head_kv: int = 1, head_dim_v: int = 64) -> float:
     config = Configuration.parse(spec, Target.parse(target, layers, heads=heads))
-    return bits_per_element(config.error, config.target, config.cache, 4, n_head_kv, 64 // n_head_kv, head_dim_v // n_head_kv)
+    return cache_bits(config.error, config.target, config.cache, 4, n_head_kv, 64 // n_head_kv, head_dim_v // n_head_kv)
 
 
 @pytest.mark.parametrize(
@@ -75,4 +75,4 @@ def test_a_context_reports_kivi_bits_at_the_lengths_it_held(tiny):
         quantized = 2 + 32 / 4  # an fp16 scale and minimum per group of 4
         k = ((16 + 8) * quantized + (4 + 5) * 16) / 33  # K: 16 of 20 and 8 of 13 tokens quantized
         v = ((12 + 5) * quantized + (8 + 8) * 16) / 33  # V: all but the last 8 of each
-        assert ctx.bits_per_element == pytest.approx((k + v) / 2)
+        assert ctx.cache_bits == pytest.approx((k + v) / 2)

@@ -26,7 +26,7 @@ from llama_cpp import llama_cpp as ll
 from kvinject.benchmarks import BENCHMARKS
 from kvinject.engine import ggml
 from kvinject.engine.batching import generate_all
-from kvinject.engine.bits import bits_per_element
+from kvinject.engine.bits import cache_bits
 from kvinject.engine.context import Context
 from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
@@ -313,7 +313,7 @@ def greedy(model, spec: str, cache=OFF, steps: int = 8):
         for i in range(steps):
             ctx.decode([(int(np.argmax(logits[-1])), len(tokens) + i, 0, True)])
             logits.append(ctx.logits(-1).copy())
-        return np.array(logits), read_cells(ctx), ctx.bits_per_element
+        return np.array(logits), read_cells(ctx), ctx.cache_bits
 
 
 @pytest.mark.parametrize(
@@ -417,7 +417,7 @@ def test_eviction_works_on_quantized_caches(tiny):
     with Context(tiny, cache, parse_error("evict:window,4"), n_ctx=N_CTX) as ctx:
         ctx.prefill(tiny.tokenize(PROMPTS[0]))
         assert ll.llama_memory_seq_pos_min(ll.llama_get_memory(ctx._ptr), 0) == 9
-        assert ctx.bits_per_element == pytest.approx(8.5 * 4 / 13)
+        assert ctx.cache_bits == pytest.approx(8.5 * 4 / 13)
 
 
 @pytest.mark.parametrize(
@@ -547,6 +547,6 @@ def test_specs_name_only_the_method_s_options_and_parse_back():
 def test_bits_per_element_are_the_kept_share():
     """Before a run, a ratio budget's share; after it, the share the sequences kept."""
     model = parse_error("evict:h2o,0.25")
-    assert bits_per_element(model, Target(), CacheOptions(), 4, 1, 64, 64) == 4
-    assert bits_per_element(model, Target(), CacheOptions(), 4, 1, 64, 64, [100, 300], [25, 75]) == 4
-    assert bits_per_element(parse_error("evict:window,64"), Target(), CacheOptions(), 4, 1, 64, 64, [128], [64]) == 8
+    assert cache_bits(model, Target(), CacheOptions(), 4, 1, 64, 64) == 4
+    assert cache_bits(model, Target(), CacheOptions(), 4, 1, 64, 64, [100, 300], [25, 75]) == 4
+    assert cache_bits(parse_error("evict:window,64"), Target(), CacheOptions(), 4, 1, 64, 64, [128], [64]) == 8

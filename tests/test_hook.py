@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvinject.engine.context import Context
-from kvinject.engine.graph_plan import GraphNode, Plan
+from kvinject.engine.graph_plan import GraphNode, GraphPlan
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions, CacheOptions
 from kvinject.engine.target import Target
@@ -307,22 +307,22 @@ SITES = {b"Kcur-0": ("k", 0), b"Vcur-0": ("v", 0)}
 def test_plan_merges_k_into_v_s_claim_only_when_nothing_reads_k_in_between():
     # Gemma-like: K projected, normalized under another name, then named Kcur again (two runs).
     graph = [node(1, "Kcur-0", 2), node(2, "Knorm-0", 3, {1}), node(3, "Kcur-0", 4, {2}), node(4, "Vcur-0", 2), node(5, "Vcur-0", 5, {4})]
-    plan = Plan.learn(graph, SITES)
+    plan = GraphPlan.learn(graph, SITES)
     assert plan.n_runs == {b"Kcur-0": 2, b"Vcur-0": 1}
     assert plan.final_op == {b"Kcur-0": 4, b"Vcur-0": 5}
     assert plan.claims == {b"Vcur-0": (b"Kcur-0", b"Vcur-0")}
     # a node between the two that reads the final K (a cache write, say) forbids the merge
     graph.insert(3, node(9, "k_cache_write", 6, {3}))
-    assert Plan.learn(graph, SITES).claims == {b"Kcur-0": (b"Kcur-0",), b"Vcur-0": (b"Vcur-0",)}
+    assert GraphPlan.learn(graph, SITES).claims == {b"Kcur-0": (b"Kcur-0",), b"Vcur-0": (b"Vcur-0",)}
     # so does a view of it
     graph[3] = node(9, "k_view", 7, {3})
-    assert Plan.learn(graph, SITES).claims == {b"Kcur-0": (b"Kcur-0",), b"Vcur-0": (b"Vcur-0",)}
+    assert GraphPlan.learn(graph, SITES).claims == {b"Kcur-0": (b"Kcur-0",), b"Vcur-0": (b"Vcur-0",)}
 
 
 def test_plan_follows_graph_order_whichever_comes_first():
     graph = [node(1, "Vcur-0"), node(2, "Kcur-0", 4), node(3, "attn", 8, {1, 2})]
-    assert Plan.learn(graph, SITES).claims == {b"Kcur-0": (b"Vcur-0", b"Kcur-0")}
-    assert Plan.learn(graph, {b"Vcur-0": ("v", 0)}).claims == {b"Vcur-0": (b"Vcur-0",)}
+    assert GraphPlan.learn(graph, SITES).claims == {b"Kcur-0": (b"Vcur-0", b"Kcur-0")}
+    assert GraphPlan.learn(graph, {b"Vcur-0": ("v", 0)}).claims == {b"Vcur-0": (b"Vcur-0",)}
 
 
 def test_a_full_cache_fails_with_its_own_message_not_the_hook_s(tiny):

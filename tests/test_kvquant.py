@@ -21,7 +21,7 @@ from llama_cpp import llama_cpp as ll
 
 from kvinject.engine import ggml
 from kvinject.engine.context import Context
-from kvinject.engine.graph_plan import GraphNode, Plan
+from kvinject.engine.graph_plan import GraphNode, GraphPlan
 from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
@@ -252,7 +252,7 @@ def test_bits_count_scales_outliers_and_sinks_at_the_run_s_lengths(tiny):
         k = 4 + outlier_bits  # K's ranges are per channel, calibrated once for the model
         v = 4 + outlier_bits + 32 / row  # V's fp16 scale and zero point per token
         expect = ((1 - exact) * k + exact * 32 + (1 - exact) * v + exact * 32) / 2
-        assert ctx.bits_per_element == pytest.approx(expect)
+        assert ctx.cache_bits == pytest.approx(expect)
     assert parse_error("kvquant:2").bits_per_element(16, "k") == 2, "long sequences, no outliers: BITS"
 
 
@@ -264,18 +264,18 @@ def test_the_plan_claims_what_rope_reads():
     rope, sites = ggml.GGML_OP_ROPE, {b"Kcur-0": ("k", 0), b"Vcur-0": ("v", 0)}
     # llama: projection, reshape and RoPE all named Kcur: the reshape (run 1 of 2), V changed with it.
     llama = [node(1, "Vcur-0", 29), node(2, "Vcur-0", 36, {1}), node(3, "Kcur-0", 29), node(4, "Kcur-0", 36, {3}), node(5, "Kcur-0", rope, {4})]
-    plan = Plan.learn(llama, sites, pre_rope=True)
+    plan = GraphPlan.learn(llama, sites, pre_rope=True)
     assert (plan.n_runs[b"Kcur-0"], plan.claim_run[b"Kcur-0"], plan.final_op[b"Kcur-0"]) == (2, 1, 36)
     assert plan.claims == {b"Kcur-0": (b"Vcur-0", b"Kcur-0")}
-    assert Plan.learn(llama, sites).final_op[b"Kcur-0"] == rope, "after RoPE, as before"
+    assert GraphPlan.learn(llama, sites).final_op[b"Kcur-0"] == rope, "after RoPE, as before"
     # Gemma: K normalized as Kcur_normed before RoPE, V after: K claimed alone (RoPE reads it before V).
     gemma = [node(1, "Kcur-0", 29), node(2, "norm-0", 25, {1}), node(3, "Kcur_normed-0", 7, {2}), node(4, "Kcur-0", rope, {3}), node(5, "Vcur-0", 29)]
-    plan = Plan.learn(gemma, {**sites, b"Kcur_normed-0": ("k", 0)}, pre_rope=True)
+    plan = GraphPlan.learn(gemma, {**sites, b"Kcur_normed-0": ("k", 0)}, pre_rope=True)
     assert (plan.n_runs[b"Kcur-0"], plan.claim_run[b"Kcur-0"], plan.final_op[b"Kcur-0"]) == (3, 2, 7)
     assert plan.claims == {b"Kcur-0": (b"Kcur-0",), b"Vcur-0": (b"Vcur-0",)}
     # RoPE reading something that is not K: refused.
     with pytest.raises(ModelError, match="before RoPE"):
-        Plan.learn([node(1, "Kcur-0", 29), node(2, "other", 7, {1}), node(3, "Kcur-0", rope, {2})], sites, pre_rope=True)
+        GraphPlan.learn([node(1, "Kcur-0", 29), node(2, "other", 7, {1}), node(3, "Kcur-0", rope, {2})], sites, pre_rope=True)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from kvinject.analysis.plots import bits_per_element, plot, score_range
+from kvinject.analysis.plots import bits_column, plot, score_range
 from kvinject.analysis.report import experiments, render, select, study_table, terminal_tables
 from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import KvinjectError
@@ -102,7 +102,7 @@ def test_the_frontier_takes_each_experiments_own_bits():
     bits = [{**row, "metric": "bits", "mean": 16.0 if row["label"] == "none" else 1024 / row["option.lengths"][0]} for row in rows]
     df = pd.DataFrame(rows + bits)
     for lengths, (_, panel) in zip((1024, 4096), experiments(df[df["metric"] == "accuracy"])):
-        assert list(bits_per_element(df)[panel.index]) == [16.0, 1024 / lengths, 1024 / lengths], lengths
+        assert list(bits_column(df)[panel.index]) == [16.0, 1024 / lengths, 1024 / lengths], lengths
 
 
 def _record(bench, error, cache="f16", control=False):

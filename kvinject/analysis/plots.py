@@ -187,7 +187,7 @@ def frontier_points(rows: pd.DataFrame) -> tuple[bool, np.ndarray, list[tuple[fl
     return True, rows["percent_of_control"].fillna(100.0).to_numpy(float), bounds
 
 
-def bits_per_element(df: pd.DataFrame) -> pd.Series:
+def bits_column(df: pd.DataFrame) -> pd.Series:
     """Each row's bits per K/V element as the runs of its own experiment recorded them (an
     eviction's depend on the lengths its bench ran at), indexed as ``df``; NaN where none were."""
     keys = pd.Series(list(zip(experiment_ids(df), df["label"])), index=df.index)
@@ -210,7 +210,7 @@ def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
     except ImportError:
         raise KvinjectError("--frontier needs adjustText: pip install 'kvinject[plot]'") from None
     panels = experiments(table)
-    bits = bits_per_element(df)
+    bits = bits_column(df)
     fig, axes = plt.subplots(1, len(panels), figsize=(8.5 * len(panels), 5.5), squeeze=False, layout="constrained")
     colours = {f: plt.cm.tab10(i % 10) for i, f in enumerate(dict.fromkeys(map(family, table["label"])))}
     for ax, (title, rows) in zip(axes[0], panels):

@@ -206,7 +206,7 @@ class GenerationBenchmark(Benchmark):
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         # Every generation bench has the divergence and drift metrics; tables show them where they were measured.
-        cls.higher_is_better = {**getattr(cls, "higher_is_better", {}), **DIVERGENCE, **DRIFT, **OUTCOMES}
+        cls.higher_is_better = {**getattr(cls, "higher_is_better", {}), **TOKEN_DIVERGENCE, **DRIFT, **OUTCOMES}
         cls.secondary = (*cls.secondary, *(m for m in ("flip_rate", "kld", "sdc") if m not in cls.secondary))
         cls.binary = cls.binary | {"flipped", "diverged", *OUTCOMES}
 
@@ -355,13 +355,13 @@ class GenerationBenchmark(Benchmark):
                 if reference is not None:
                     drift[i] = compare(gen.logits, one_pass(judge, prompts[i], gen.tokens)[: len(gen.logits)] if judge else gen.logits)
                 progress(1)
-            realized, bits = ctx.realized, ctx.bits_per_element
+            realized, bits = ctx.realized, ctx.cache_bits
         metrics, items = self.summarize(scores)
         if control is not None:
             items["due"] = due  # taken by evaluate, which classifies each item against the control
         extra = {}
         if control is not None:
-            extra, divergence_items = divergence(control.outputs, outputs)
+            extra, divergence_items = token_divergence(control.outputs, outputs)
             items |= divergence_items
         if reference is not None:
             drift_metrics, drift_items = summarize_drift(drift)
@@ -406,10 +406,10 @@ def nanmean(values: list[float]) -> float:
     return float(np.nanmean(arr)) if np.isfinite(arr).any() else float("nan")
 
 
-DIVERGENCE = {"diverged": False, "first_diff": True, "token_match": True}  # what divergence() measures
+TOKEN_DIVERGENCE = {"diverged": False, "first_diff": True, "token_match": True}  # what token_divergence() measures
 
 
-def divergence(control: list[list[int]], outputs: list[list[int]]) -> tuple[dict[str, float], dict[str, list[float]]]:
+def token_divergence(control: list[list[int]], outputs: list[list[int]]) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Share of outputs that differ from the control's, the mean token position of the first
     difference among those (the FP16-vs-FP32 cache studies measure exactly this), and the mean
     share of token positions where output and control agree, over the longer of the two (the

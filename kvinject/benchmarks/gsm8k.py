@@ -63,7 +63,7 @@ CHARS_PER_TOKEN = 4  # for the --dry-run estimate, made before a tokenizer is at
 
 
 @dataclass(frozen=True)
-class Item:
+class Question:
     question: str
     solution: str  # the worked solution, ending in "#### N"
     target: str  # N, normalized as extracted answers are
@@ -90,7 +90,7 @@ def truncate(response: str) -> str:
     return response[: min((i for i in (response.find(s) for s in STOPS) if i >= 0), default=len(response))]
 
 
-def parse_items(rows: Iterable[tuple[str, dict[str, Any]]]) -> list[Item]:
+def parse_items(rows: Iterable[tuple[str, dict[str, Any]]]) -> list[Question]:
     """Items from (where, row) pairs in GSM8K's format, ``where`` naming the row in errors."""
     items = []
     for where, row in rows:
@@ -103,19 +103,19 @@ def parse_items(rows: Iterable[tuple[str, dict[str, Any]]]) -> list[Item]:
         target = normalize(final.strip())
         if not marker or not NUMBER.fullmatch(target):
             raise DataError(f"{where}: the answer does not end in '#### N' with N a number")
-        items.append(Item(row["question"], row["answer"], target))
+        items.append(Question(row["question"], row["answer"], target))
     return items
 
 
-def load_items(data: str) -> list[Item]:
+def load_items(data: str) -> list[Question]:
     """A GSM8K jsonl file (``question``, ``answer``) or an ``hf:`` dataset in its format."""
     if data.startswith("hf:"):
         return parse_items((f"{data} row {i}", row) for i, row in enumerate(load_hf(data)))
     return parse_items((f"{data}:{number}", row) for number, row in read_jsonl(Path(data)))
 
 
-def generated(problem: Problem) -> Item:
-    return Item(problem.question, problem.solution, str(problem.answer))
+def generated(problem: Problem) -> Question:
+    return Question(problem.question, problem.solution, str(problem.answer))
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ class GSM8K(GenerationBenchmark):
 
     def load(self) -> None:
         o, k = self.options, self.n_shots
-        shots: list[Item] = []
+        shots: list[Question] = []
         if o.data is None:
             items = [generated(p) for p in generate(o.problems, o.data_seed)]
             asked = {i.question for i in items}

@@ -157,7 +157,7 @@ class Needle:
 
 
 @dataclass(frozen=True)
-class Item:
+class HaystackItem:
     """One generated item: the user turn is ``before + context + after``, the model's answer
     starts with ``answer_prefix``, and the output is scored against ``expected``."""
 
@@ -181,7 +181,7 @@ class Prompt:
 SPANS = ("needle", "haystack", "context", "question")
 
 
-def build_prompt(model: Model, item: Item, words: int, data: str | None = None, haystack: str = "text") -> Prompt:
+def build_prompt(model: Model, item: HaystackItem, words: int, data: str | None = None, haystack: str = "text") -> Prompt:
     """The prompt of ``item`` with ``words`` words of filler: the model's chat template around
     the user turn (plain text for a model without one), then the answer prefix, as RULER
     appends it. The filler is the last ``words`` words of the text of ``data`` up to sentence
@@ -220,7 +220,7 @@ def build_prompt(model: Model, item: Item, words: int, data: str | None = None, 
     return Prompt(text, model.tokenize(text, parse_special=True), words, chars)
 
 
-def fit_prompt(model: Model, budget: int, item: Item, data: str | None = None, haystack: str = "text") -> Prompt:
+def fit_prompt(model: Model, budget: int, item: HaystackItem, data: str | None = None, haystack: str = "text") -> Prompt:
     """The prompt of ``item`` with as much filler as ``budget`` tokens hold: whole words of
     text, so it falls short of the budget by a few tokens at most (whole blocks or lines of the
     other haystacks: by less than one)."""
@@ -269,7 +269,7 @@ def string_match_all(output: str, expected: Sequence[str]) -> float:
 
 
 @dataclass(frozen=True)
-class Cell:
+class HaystackCell:
     length: int
     depth: int
     sample: int
@@ -304,7 +304,7 @@ class LongContextBenchmark(GenerationBenchmark):
     cell_budget = 8192
 
     @abstractmethod
-    def make_item(self, rng: np.random.Generator, cell: Cell) -> Item:
+    def make_item(self, rng: np.random.Generator, cell: HaystackCell) -> HaystackItem:
         """The item of ``cell``, drawn from ``rng``."""
 
     @property
@@ -315,7 +315,7 @@ class LongContextBenchmark(GenerationBenchmark):
         o = self.options
         if any(d > 100 for d in o.depths):
             raise DataError(f"{self.name}: depths are percentages from 0 to 100, got {max(o.depths)}")
-        grid = [Cell(n, d, s) for n in o.lengths for d in o.depths for s in range(o.samples)]
+        grid = [HaystackCell(n, d, s) for n in o.lengths for d in o.depths for s in range(o.samples)]
         if o.limit is not None and o.limit < len(grid):
             grid = [grid[i] for i in np.unique(np.linspace(0, len(grid) - 1, o.limit).round().astype(int))]
         self.cells = grid
@@ -394,7 +394,7 @@ def with_haystack(spans: dict[str, list[tuple[int, int]]]) -> dict[str, list[tup
     return {**spans, "haystack": haystack}
 
 
-def cell_metric(metric: str, cell: Cell) -> str:
+def cell_metric(metric: str, cell: HaystackCell) -> str:
     """Per-cell metrics are named METRIC@LENGTH/DEPTH (`kvinject report --heatmap` reads them)."""
     return f"{metric}@{cell.length}/{cell.depth}"
 

@@ -94,7 +94,7 @@ class LMEval(Benchmark):
                 lm = KvinjectLM.on(model, config, seed, run, self.options.max_length)
                 try:
                     scores = evaluate(lm, self.tasks, self.headlines, self.options.limit, self.options.num_fewshot, self.options.chat, self.options.gen_kwargs)
-                    realized, bits = lm.realized, lm.context.bits_per_element
+                    realized, bits = lm.realized, lm.context.cache_bits
                 finally:
                     lm.close()
                 if len(scores.items) != len(self):

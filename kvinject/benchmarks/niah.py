@@ -24,8 +24,8 @@ from .haystack import (
     ADJECTIVES,
     HAYSTACKS,
     NOUNS,
-    Cell,
-    Item,
+    HaystackCell,
+    HaystackItem,
     LongContextBenchmark,
     LongContextOptions,
     Needle,
@@ -75,7 +75,7 @@ class Niah(LongContextBenchmark):
             raise DataError(f"niah: {o.needles} needles need more keys than the {len(ADJECTIVES) * len(NOUNS)} word keys: use --key-type uuids")
         super().load()
 
-    def make_item(self, rng: np.random.Generator, cell: Cell) -> Item:
+    def make_item(self, rng: np.random.Generator, cell: HaystackCell) -> HaystackItem:
         o = self.options
         n = 1 if o.family == "single" else o.needles
         n_keys = n if o.family in ("multikey", "multiquery") else 1
@@ -95,7 +95,7 @@ class Niah(LongContextBenchmark):
         depths = [float(cell.depth), *random_depths(rng, len(pairs) - 1)]
         query = asked[0] if len(asked) == 1 else ", ".join(asked[:-1]) + ", and " + asked[-1]
         some, are, all_ = ("Some", "are", "are all") if plural else ("A", "is", "is")
-        return Item(
+        return HaystackItem(
             needles=tuple(Needle(needle(o.value_type, k, v), d) for (k, v), d in zip(pairs, depths)),
             before=(
                 f"{some} special magic {kind} {are} hidden within the following text. Make sure to memorize it. I will quiz you about the {kind} afterwards.\n"
@@ -107,7 +107,7 @@ class Niah(LongContextBenchmark):
             filler=self.filler(rng, cell, key, value, keys) if o.haystack == "needles" else (),
         )
 
-    def filler(self, rng: np.random.Generator, cell: Cell, key: Draw, value: Draw, keys: list[str]) -> tuple[str, ...]:
+    def filler(self, rng: np.random.Generator, cell: HaystackCell, key: Draw, value: Draw, keys: list[str]) -> tuple[str, ...]:
         """RULER's haystack of needles: more lines than the length can hold (a needle is over 10
         tokens), each drawn on its own as RULER's are (a key may repeat: there are 2304 word
         keys), none with a key the item asks about or hides."""

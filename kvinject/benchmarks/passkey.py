@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .haystack import Cell, Item, LongContextBenchmark, LongContextOptions, Needle, filler_end, number
+from .haystack import HaystackCell, HaystackItem, LongContextBenchmark, LongContextOptions, Needle, filler_end, number
 from .options import option
 
 _NUMBER = re.compile(r"\d+")
@@ -25,9 +25,9 @@ class Passkey(LongContextBenchmark):
     options: PasskeyOptions
     binary = frozenset({"accuracy"})
 
-    def make_item(self, rng: np.random.Generator, cell: Cell) -> Item:
+    def make_item(self, rng: np.random.Generator, cell: HaystackCell) -> HaystackItem:
         key = number(rng, 5)
-        return Item(
+        return HaystackItem(
             needles=(Needle(f"The pass key is {key}. Remember it. {key} is the pass key.", cell.depth),),
             before="A pass key is hidden in the text below. Find it and remember it: you will be asked for it afterwards.\n\n",
             # No answer prefix: SmolLM2-135M went on "The pass key is" with a definition more often

@@ -229,7 +229,7 @@ class Perplexity(Benchmark):
             "ppl": ppl,
             "ppl_err": ppl * math.sqrt(var / (n - 1)) if n > 1 and var > 0 else math.nan,
             "mean_nll": mean,
-            "bits": ctx.bits_per_element,
+            "bits": ctx.cache_bits,
         }
         if tally.compared:
             metrics.update(

@@ -17,7 +17,19 @@ from itertools import pairwise
 
 import numpy as np
 
-from .haystack import HAYSTACKS, NOISE, Cell, Item, LongContextBenchmark, LongContextOptions, Needle, distinct, filler_end, number, random_depths
+from .haystack import (
+    HAYSTACKS,
+    NOISE,
+    HaystackCell,
+    HaystackItem,
+    LongContextBenchmark,
+    LongContextOptions,
+    Needle,
+    distinct,
+    filler_end,
+    number,
+    random_depths,
+)
 from .options import option
 
 _LETTERS = np.array(list(string.ascii_uppercase))
@@ -69,7 +81,7 @@ class VariableTracking(LongContextBenchmark):
     Options = VTOptions
     options: VTOptions
 
-    def make_item(self, rng: np.random.Generator, cell: Cell) -> Item:
+    def make_item(self, rng: np.random.Generator, cell: HaystackCell) -> HaystackItem:
         o = self.options
         per_chain, noise = o.hops + 1, o.haystack == "noise"
         names = distinct(variable, rng, per_chain * o.chains)
@@ -78,7 +90,7 @@ class VariableTracking(LongContextBenchmark):
         needles = [Needle(s, d) for s, d in zip(chain(chains[0], values[0], noise), [float(cell.depth), *random_depths(rng, o.hops, cell.depth, 100)])]
         for names_c, value in zip(chains[1:], values[1:]):
             needles += [Needle(s, d) for s, d in zip(chain(names_c, value, noise), random_depths(rng, per_chain))]
-        return Item(
+        return HaystackItem(
             needles=tuple(needles),
             before=worked_example(rng, o.chains, o.hops) + "\n" + TASK,
             after=QUESTION.format(value=values[0]),

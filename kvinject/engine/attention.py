@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..exceptions import InjectionError
-from . import graph_callback as gc
+from . import graph_header as gh
 
 
 class AttentionSums:
@@ -25,31 +25,31 @@ class AttentionSums:
     def __init__(self, head: np.ndarray, n_cells: int):
         self._head = head
         self._sums = np.zeros(0, np.float64)
-        head[gc.ATTN_STRIDE] = n_cells
+        head[gh.ATTN_STRIDE] = n_cells
 
     def layout(self, rows: int) -> None:
         """Make room for a decode of ``rows`` batch rows."""
         head = self._head
-        if self._sums.size < rows * head[gc.ATTN_STRIDE]:
-            self._sums = np.zeros(rows * head[gc.ATTN_STRIDE], np.float64)
-            head[gc.ATTN] = self._sums.ctypes.data
+        if self._sums.size < rows * head[gh.ATTN_STRIDE]:
+            self._sums = np.zeros(rows * head[gh.ATTN_STRIDE], np.float64)
+            head[gh.ATTN] = self._sums.ctypes.data
 
     def read(self, n_layer: int) -> np.ndarray:
         """This decode's attention, (rows, cells): each row's weight on each cell, the mean over
         the ``n_layer`` layers and their query heads."""
         head = self._head
-        if head[gc.N_ATTN] != n_layer:
+        if head[gh.N_ATTN] != n_layer:
             raise InjectionError(
-                f"eviction by attention reads every layer's attention weights from the graph, and this decode computed {int(head[gc.N_ATTN])} "
+                f"eviction by attention reads every layer's attention weights from the graph, and this decode computed {int(head[gh.N_ATTN])} "
                 f"of {n_layer}: run with --flash-attn off"
             )
-        return self._table()[:, : head[gc.ATTN_N_KV]] / (n_layer * head[gc.ATTN_HEADS])
+        return self._table()[:, : head[gh.ATTN_N_KV]] / (n_layer * head[gh.ATTN_HEADS])
 
     def _table(self) -> np.ndarray:
-        rows, stride = int(self._head[gc.ROWS]), int(self._head[gc.ATTN_STRIDE])
+        rows, stride = int(self._head[gh.ROWS]), int(self._head[gh.ATTN_STRIDE])
         return self._sums[: rows * stride].reshape(rows, stride)
 
     def reset(self) -> None:
         """Clear what the decode summed (read or aborted)."""
-        self._table()[:, : self._head[gc.ATTN_N_KV]] = 0
-        self._head[[gc.N_ATTN, gc.ATTN_N_KV]] = 0
+        self._table()[:, : self._head[gh.ATTN_N_KV]] = 0
+        self._head[[gh.N_ATTN, gh.ATTN_N_KV]] = 0

@@ -11,7 +11,7 @@ from .perturbation import ErrorModel
 from .target import Target
 
 
-def bits_per_element(
+def cache_bits(
     error: ErrorModel,
     target: Target,
     cache: CacheOptions,

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..exceptions import InjectionError
 from . import ggml
-from . import graph_callback as gc
+from . import graph_header as gh
 
 INDEX_CAPACITY = 16  # distinct index tensors per decode (one per cache and component, more if split across devices)
 _CACHE_NAME = re.compile(rb"cache_\w*?([kv])_l(\d+)$")
@@ -62,23 +62,23 @@ class CacheWrites:
         self._rows = np.zeros(0, np.int64)
         self._sites: dict[int, tuple[str, int] | None] = {}  # cache tensors live as long as the context
         self.tensors: dict[tuple[str, int], tuple[int, bool]] = {}  # (component, layer) -> (cache tensor, transposed), once learned
-        head[gc.WRITES], head[gc.WRITES_CAP] = self._table.ctypes.data, len(self._table)
-        head[gc.INDEX_KEYS], head[gc.INDEX_CAP] = self._keys.ctypes.data, INDEX_CAPACITY
-        head[gc.TENSOR_GET] = ctypes.cast(ggml.lib().ggml_backend_tensor_get, ctypes.c_void_p).value
+        head[gh.WRITES], head[gh.WRITES_CAP] = self._table.ctypes.data, len(self._table)
+        head[gh.INDEX_KEYS], head[gh.INDEX_CAP] = self._keys.ctypes.data, INDEX_CAPACITY
+        head[gh.TENSOR_GET] = ctypes.cast(ggml.lib().ggml_backend_tensor_get, ctypes.c_void_p).value
 
     def layout(self, rows: int) -> None:
         """Make room for the indices of a decode of ``rows`` batch rows."""
         if self._rows.size < INDEX_CAPACITY * rows:
             self._rows = np.zeros(INDEX_CAPACITY * rows, np.int64)
-            self._head[gc.INDEX_ROWS] = self._rows.ctypes.data
+            self._head[gh.INDEX_ROWS] = self._rows.ctypes.data
 
     def read(self) -> Writes:
         head = self._head
-        rows = int(head[gc.ROWS])
+        rows = int(head[gh.ROWS])
         index = self._rows[: INDEX_CAPACITY * rows].reshape(INDEX_CAPACITY, rows)
         cells = np.full((self._n_layer, rows), -1, np.int64)
         counts = {}
-        for tensor, slot in self._table[: head[gc.N_WRITES]].tolist():
+        for tensor, slot in self._table[: head[gh.N_WRITES]].tolist():
             site = self._site(tensor)
             if site is None:
                 continue
@@ -105,4 +105,4 @@ class CacheWrites:
         return self._sites[tensor]
 
     def reset(self) -> None:
-        self._head[[gc.N_WRITES, gc.N_INDEX]] = 0
+        self._head[[gh.N_WRITES, gh.N_INDEX]] = 0

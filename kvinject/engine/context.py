@@ -13,7 +13,7 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from ..exceptions import InjectionError, ModelError, SpecError
-from .bits import bits_per_element
+from .bits import cache_bits
 from .cache_writes import Writes
 from .ggml import CACHE_TYPES
 from .hook import KVHook
@@ -295,10 +295,10 @@ class Context:
         return realized
 
     @property
-    def bits_per_element(self) -> float:
+    def cache_bits(self) -> float:
         m = self.model
         lengths, kept = (self.resident.lengths, self.resident.kept) if self.resident is not None else ((*self._finished, *self._lengths.values()), ())
-        return bits_per_element(self.error, self.target, self.cache, m.n_layer, m.n_head_kv, m.head_dim_k, m.head_dim_v, lengths, kept)
+        return cache_bits(self.error, self.target, self.cache, m.n_layer, m.n_head_kv, m.head_dim_k, m.head_dim_v, lengths, kept)
 
     @property
     def kv_cache_bytes(self) -> dict[str, float] | None:

@@ -7,8 +7,8 @@ nothing next to the decode. This module holds the callback and the state it work
 plan it follows (which nodes to claim, what to change there) is learned and checked in
 Python by :mod:`kvinject.engine.hook`.
 
-The state is one int64 array of fixed slots, the header, which holds the addresses of the
-other tables: per-site rows (a site is the K or V of a layer: ``site = 2 * layer + is_v``),
+The state is one int64 array of fixed slots, the header (kvinject/engine/graph_header.py
+lays it out), which holds the addresses of the other tables: per-site rows (a site is the K or V of a layer: ``site = 2 * layer + is_v``),
 the claim groups, the noise segments of the decode (runs of rows whose factors come from one
 item's stream of kvinject/engine/variates.py), the rows and the components of a row that get the error
 (``--positions``, ``--heads``) and the realized-error sums.
@@ -32,6 +32,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 
 from . import ggml, graph_memory, numba_cache, rounding, variates
+from . import graph_header as gh
 from .graph_memory import (
     _BUFFER,
     _DATA,
@@ -63,41 +64,8 @@ from .realized import RealizedStats
 from .rounding import ROUND, round_scaled, round_to, shared_scale
 from .variates import factor, hash_at
 
-# The compiled pass inlines graph_memory's, rounding's and variates' functions: cached, it depends on them too.
-numba_cache.stamp_with(__file__, [graph_memory.__file__, rounding.__file__, variates.__file__])
-
-# Header slots.
-MODE, RUN_SITE, RUN_LAST, COMPUTED, ERROR, ERROR_SITE, ERROR_VALUE = range(7)
-AT, ROWS, SEG_KEY, N_SEG, SEG_START, SEG_ROWS = range(7, 13)  # SEG_*: each segment's stream key, first value, rows
-N_SITES, SITES, GROUPS, SUMS, LEARNED, N_LEARNED, LEARN_CAP = range(13, 20)
-PYTHON_APPLY, IS_HOST, IS_CONTIGUOUS, NATIVE, ROW_K, ROW_V, PREFIX_K, PREFIX_V = range(20, 28)
-WRITES, WRITES_CAP, N_WRITES, INDEX_KEYS, INDEX_ROWS, INDEX_CAP, N_INDEX, TENSOR_GET = range(28, 36)
-ATTN, ATTN_STRIDE, N_ATTN, ATTN_N_KV, ATTN_HEADS = range(36, 41)  # attention sums (kvinject/engine/attention.py)
-MASK, OUTSIDE_SUMS = range(41, 43)  # --positions: which rows get the error (0: all), sums of the others
-LAW = 43  # what the pass computes: a factor law (kind, a, b) or a rounding (kvinject/engine/rounding.py), float64
-PRE_ROPE = 44  # K claimed before RoPE: a rope node starts a run, and K's names may carry a tag (Kcur_normed-<il>)
-CLAIMS = 45  # claimed nodes computed so far: each one a graph split
-RESID, RESID_CAP, RESID_EMBD, RESID_LAYERS, RESID_TABLE = range(46, 51)  # each layer's output (kvinject/engine/residual.py)
-QUEUE, N_QUEUED = range(51, 53)  # changes of one claim left to Python: (tensor, site, at) triples, how many
-COLUMNS_K, COLUMNS_V = range(53, 55)  # --heads: which components of a K or V row get the error (0: all)
-WRITTEN = 55  # a Python function called with each cache write once computed (faults in quantized blocks), or 0
-KQ_HIDDEN, KQ_STRIDE, KQ_HEADS_KV = range(56, 59)  # cells hidden from a layer's KV head (kvinject/engine/hidden.py): table, its stride, KV heads
-QUERY, QUERY_CAP, QUERY_WIDTH, QUERY_LAYERS, QUERY_COPIES = range(59, 64)  # each layer's Q before RoPE (kvinject/engine/queries.py)
-HEADER = 64
-LAW_SLOTS = 5
-
-# Modes.
-RUN, LEARN = 0, 1
-
-# Per-site columns: the plan, then what one decode did (from SEEN on).
-WANTED, N_RUNS, CLAIM_RUN, FINAL_OP, GROUP_START, GROUP_LEN, SEEN, PENDING, HITS = range(9)
-SITE_COLUMNS = 9
-
-# Columns of the residual table, per layer: rows copied, copies this decode, a copy refused (not f32 rows of RESID_EMBD).
-RESID_ROWS, RESID_COPIES, RESID_BAD = range(3)
-
-# Error codes, turned into exceptions by the hook after the decode.
-MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW, WRITES_OVERFLOW, BAD_INDEX, BAD_SOFT_MAX = 1, 2, 3, 4, 5, 6, 7
+# The compiled pass reads graph_header's slots and inlines graph_memory's, rounding's and variates' functions: cached, it depends on them too.
+numba_cache.stamp_with(__file__, [gh.__file__, graph_memory.__file__, rounding.__file__, variates.__file__])
 
 # Realized-error sums per component, in RealizedStats' field order (written by _change).
 N_SUMS = len(fields(RealizedStats))
@@ -108,15 +76,15 @@ def _site(head, t):
     """The site a node's name denotes (``<prefix>-<layer>``), or -1."""
     name = carray(_u8(t + _NAME), 16)
     prefix = carray(_u32(t + _NAME), 1)[0]
-    if prefix == head[PREFIX_K]:
+    if prefix == head[gh.PREFIX_K]:
         component = 0
-    elif prefix == head[PREFIX_V]:
+    elif prefix == head[gh.PREFIX_V]:
         component = 1
     else:
         return -1
     start = 5
     if name[4] != 45:  # '-'
-        if component != 0 or head[PRE_ROPE] == 0 or name[4] != 95:  # '_': K's tagged names, before RoPE only
+        if component != 0 or head[gh.PRE_ROPE] == 0 or name[4] != 95:  # '_': K's tagged names, before RoPE only
             return -1
         start = 0
         for i in range(5, 15):
@@ -129,98 +97,98 @@ def _site(head, t):
             return -1
     layer = _layer(name, start)
     site = 2 * layer + component
-    return site if layer >= 0 and site < head[N_SITES] else -1
+    return site if layer >= 0 and site < head[gh.N_SITES] else -1
 
 
 @njit(cache=True)
 def _fail(head, code, site, value):
-    if head[ERROR] == 0:  # the first error explains best
-        head[ERROR], head[ERROR_SITE], head[ERROR_VALUE] = code, site, value
+    if head[gh.ERROR] == 0:  # the first error explains best
+        head[gh.ERROR], head[gh.ERROR_SITE], head[gh.ERROR_VALUE] = code, site, value
 
 
 @njit(cache=True)
 def _ask(head, t):
-    sites = carray(_i64(head[SITES]), (head[N_SITES], SITE_COLUMNS))
+    sites = carray(_i64(head[gh.SITES]), (head[gh.N_SITES], gh.SITE_COLUMNS))
     site = _site(head, t)
-    if site >= 0 and sites[site, WANTED] == 0:
+    if site >= 0 and sites[site, gh.WANTED] == 0:
         site = -1
     op = carray(_i32(t + _OP), 1)[0]
-    if site != head[RUN_SITE] or (site >= 0 and head[PRE_ROPE] != 0 and op == ggml.GGML_OP_ROPE):
-        if head[RUN_SITE] >= 0:
+    if site != head[gh.RUN_SITE] or (site >= 0 and head[gh.PRE_ROPE] != 0 and op == ggml.GGML_OP_ROPE):
+        if head[gh.RUN_SITE] >= 0:
             _end_run(head, sites)
-        head[RUN_SITE] = site
+        head[gh.RUN_SITE] = site
     if site < 0:  # in no run (sites[-1] would read the last site's row and claim nodes of its op)
         return 0
-    head[RUN_LAST] = t
-    return 1 if sites[site, GROUP_LEN] > 0 and sites[site, FINAL_OP] == op else 0
+    head[gh.RUN_LAST] = t
+    return 1 if sites[site, gh.GROUP_LEN] > 0 and sites[site, gh.FINAL_OP] == op else 0
 
 
 @njit(cache=True)
 def _end_run(head, sites):
     """A run of nodes named for ``site`` ended: at its claimed run (the last, or before RoPE),
     change what its claim changes."""
-    site, last = head[RUN_SITE], head[RUN_LAST]
-    head[RUN_SITE] = -1
-    sites[site, SEEN] += 1
-    seen = sites[site, SEEN]
-    if seen < sites[site, CLAIM_RUN] or sites[site, CLAIM_RUN] < seen <= sites[site, N_RUNS]:
+    site, last = head[gh.RUN_SITE], head[gh.RUN_LAST]
+    head[gh.RUN_SITE] = -1
+    sites[site, gh.SEEN] += 1
+    seen = sites[site, gh.SEEN]
+    if seen < sites[site, gh.CLAIM_RUN] or sites[site, gh.CLAIM_RUN] < seen <= sites[site, gh.N_RUNS]:
         return
-    start, count = sites[site, GROUP_START], sites[site, GROUP_LEN]
-    groups = carray(_i64(head[GROUPS]), head[N_SITES])
-    bad = seen > sites[site, N_RUNS]
-    if count > 0 and head[COMPUTED] != last:
+    start, count = sites[site, gh.GROUP_START], sites[site, gh.GROUP_LEN]
+    groups = carray(_i64(head[gh.GROUPS]), head[gh.N_SITES])
+    bad = seen > sites[site, gh.N_RUNS]
+    if count > 0 and head[gh.COMPUTED] != last:
         bad = True
     for g in range(start, start + count - 1):
-        if sites[groups[g], PENDING] == 0:
+        if sites[groups[g], gh.PENDING] == 0:
             bad = True
     if bad:
-        _fail(head, MISMATCH, site, 0)
+        _fail(head, gh.MISMATCH, site, 0)
         return
     if count == 0:  # changed at a later claim of its layer
-        sites[site, PENDING] = last
+        sites[site, gh.PENDING] = last
         return
     for g in range(start, start + count):
         s = groups[g]
-        t = last if s == site else sites[s, PENDING]
-        sites[s, PENDING] = 0
+        t = last if s == site else sites[s, gh.PENDING]
+        sites[s, gh.PENDING] = 0
         _perturb(head, t, s)
-        sites[s, HITS] += 1
-    if head[N_QUEUED] > 0:  # one call into Python per claim (K and V together): each costs microseconds
-        _python_apply(head[PYTHON_APPLY], head[N_QUEUED])
-        head[N_QUEUED] = 0
+        sites[s, gh.HITS] += 1
+    if head[gh.N_QUEUED] > 0:  # one call into Python per claim (K and V together): each costs microseconds
+        _python_apply(head[gh.PYTHON_APPLY], head[gh.N_QUEUED])
+        head[gh.N_QUEUED] = 0
 
 
 @njit(cache=True)
 def _perturb(head, t, site):
     component = site & 1
-    row = head[ROW_K + component]
+    row = head[gh.ROW_K + component]
     ne = carray(_i64(t + _NE), 4)
     n = ne[0] * ne[1] * ne[2] * ne[3]
-    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], t) != 0
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[gh.IS_CONTIGUOUS], t) != 0
     if not ok:
-        _fail(head, NOT_F32, site, n)
+        _fail(head, gh.NOT_F32, site, n)
         return
-    if n != head[ROWS] * row:
-        _fail(head, BAD_ROWS, site, n)
+    if n != head[gh.ROWS] * row:
+        _fail(head, gh.BAD_ROWS, site, n)
         return
-    at = head[AT]
-    head[AT] = at + row
+    at = head[gh.AT]
+    head[gh.AT] = at + row
     buffer = carray(_i64(t + _BUFFER), 1)[0]
-    if head[NATIVE] == 0 or _ggml_test(head[IS_HOST], buffer) == 0:
-        queue = carray(_i64(head[QUEUE]), (head[N_SITES], 3))
-        i = head[N_QUEUED]
+    if head[gh.NATIVE] == 0 or _ggml_test(head[gh.IS_HOST], buffer) == 0:
+        queue = carray(_i64(head[gh.QUEUE]), (head[gh.N_SITES], 3))
+        i = head[gh.N_QUEUED]
         queue[i, 0], queue[i, 1], queue[i, 2] = t, site, at
-        head[N_QUEUED] = i + 1
+        head[gh.N_QUEUED] = i + 1
         return
     x = carray(_f32(carray(_i64(t + _DATA), 1)[0]), n)
-    sums = carray(_f64(head[SUMS]), (2, N_SUMS))[component]
-    seg_key = carray(_u64(head[SEG_KEY]), head[N_SEG])
-    seg_start = carray(_i64(head[SEG_START]), head[N_SEG])
-    seg_rows = carray(_i64(head[SEG_ROWS]), head[N_SEG])
-    law = carray(_f64(head[LAW]), LAW_SLOTS)
-    mask = carray(_u8(head[MASK]), head[ROWS] if head[MASK] != 0 else 0)
-    columns = carray(_u8(head[COLUMNS_K + component]), row if head[COLUMNS_K + component] != 0 else 0)
-    outside = carray(_f64(head[OUTSIDE_SUMS]), (2, N_SUMS))[component]
+    sums = carray(_f64(head[gh.SUMS]), (2, N_SUMS))[component]
+    seg_key = carray(_u64(head[gh.SEG_KEY]), head[gh.N_SEG])
+    seg_start = carray(_i64(head[gh.SEG_START]), head[gh.N_SEG])
+    seg_rows = carray(_i64(head[gh.SEG_ROWS]), head[gh.N_SEG])
+    law = carray(_f64(head[gh.LAW]), gh.LAW_SLOTS)
+    mask = carray(_u8(head[gh.MASK]), head[gh.ROWS] if head[gh.MASK] != 0 else 0)
+    columns = carray(_u8(head[gh.COLUMNS_K + component]), row if head[gh.COLUMNS_K + component] != 0 else 0)
+    outside = carray(_f64(head[gh.OUTSIDE_SUMS]), (2, N_SUMS))[component]
     _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, columns, sums, outside)
 
 
@@ -310,35 +278,35 @@ def _record(head, t):
     tensor and where its index went. An index of one cell per batch row is copied now, once per
     decode: graph memory is reused after its last reader, so after the decode it may hold
     anything. Transposed V's index (one per element) is not copied: its cells are K's."""
-    n = head[N_WRITES]
-    if n >= head[WRITES_CAP]:
-        _fail(head, WRITES_OVERFLOW, -1, n)
+    n = head[gh.N_WRITES]
+    if n >= head[gh.WRITES_CAP]:
+        _fail(head, gh.WRITES_OVERFLOW, -1, n)
         return
     index = carray(_i64(t + _SRC), 2)[1]
     ne = carray(_i64(index + _NE), 4)
     slot = -1
-    if ne[0] * ne[1] * ne[2] * ne[3] == head[ROWS]:
+    if ne[0] * ne[1] * ne[2] * ne[3] == head[gh.ROWS]:
         if carray(_i32(index + _TYPE), 1)[0] != ggml.GGML_TYPE_I64:
-            _fail(head, BAD_INDEX, -1, n)
+            _fail(head, gh.BAD_INDEX, -1, n)
             return
-        keys = carray(_i64(head[INDEX_KEYS]), head[INDEX_CAP])
-        for s in range(head[N_INDEX]):
+        keys = carray(_i64(head[gh.INDEX_KEYS]), head[gh.INDEX_CAP])
+        for s in range(head[gh.N_INDEX]):
             if keys[s] == index:
                 slot = s
         if slot < 0:
-            slot = head[N_INDEX]
-            if slot >= head[INDEX_CAP]:
-                _fail(head, WRITES_OVERFLOW, -1, n)
+            slot = head[gh.N_INDEX]
+            if slot >= head[gh.INDEX_CAP]:
+                _fail(head, gh.WRITES_OVERFLOW, -1, n)
                 return
             keys[slot] = index
-            head[N_INDEX] = slot + 1
-            nbytes = head[ROWS] * 8
-            _tensor_get(head[TENSOR_GET], index, head[INDEX_ROWS] + slot * nbytes, 0, nbytes)
-    writes = carray(_i64(head[WRITES]), (head[WRITES_CAP], 2))
+            head[gh.N_INDEX] = slot + 1
+            nbytes = head[gh.ROWS] * 8
+            _tensor_get(head[gh.TENSOR_GET], index, head[gh.INDEX_ROWS] + slot * nbytes, 0, nbytes)
+    writes = carray(_i64(head[gh.WRITES]), (head[gh.WRITES_CAP], 2))
     view = carray(_i64(t + _VIEW_SRC), 1)[0]
     writes[n, 0] = view if view != 0 else t
     writes[n, 1] = slot
-    head[N_WRITES] = n + 1
+    head[gh.N_WRITES] = n + 1
 
 
 @njit(cache=True)
@@ -348,20 +316,20 @@ def _add_attention(head, t):
     ne = carray(_i64(t + _NE), 4)
     n_kv, rows, heads = ne[0], ne[1], ne[2]
     buffer = carray(_i64(t + _BUFFER), 1)[0]
-    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], t) != 0 and _ggml_test(head[IS_HOST], buffer) != 0
-    if not ok or rows != head[ROWS] or ne[3] != 1 or n_kv > head[ATTN_STRIDE]:
-        _fail(head, BAD_SOFT_MAX, -1, n_kv)
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[gh.IS_CONTIGUOUS], t) != 0 and _ggml_test(head[gh.IS_HOST], buffer) != 0
+    if not ok or rows != head[gh.ROWS] or ne[3] != 1 or n_kv > head[gh.ATTN_STRIDE]:
+        _fail(head, gh.BAD_SOFT_MAX, -1, n_kv)
         return
-    stride = head[ATTN_STRIDE]
+    stride = head[gh.ATTN_STRIDE]
     x = carray(_f32(carray(_i64(t + _DATA), 1)[0]), heads * rows * n_kv)
-    sums = carray(_f64(head[ATTN]), rows * stride)
+    sums = carray(_f64(head[gh.ATTN]), rows * stride)
     for h in range(heads):
         for i in range(rows):
             for j in range(n_kv):
                 sums[i * stride + j] += x[(h * rows + i) * n_kv + j]
-    head[N_ATTN] += 1
-    head[ATTN_N_KV] = max(head[ATTN_N_KV], n_kv)
-    head[ATTN_HEADS] = heads
+    head[gh.N_ATTN] += 1
+    head[gh.ATTN_N_KV] = max(head[gh.ATTN_N_KV], n_kv)
+    head[gh.ATTN_HEADS] = heads
 
 
 @njit(cache=True)
@@ -372,14 +340,14 @@ def _hide(head, t):
     ne = carray(_i64(t + _NE), 4)
     n_kv, rows, heads = ne[0], ne[1], ne[2]
     buffer = carray(_i64(t + _BUFFER), 1)[0]
-    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], t) != 0 and _ggml_test(head[IS_HOST], buffer) != 0
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[gh.IS_CONTIGUOUS], t) != 0 and _ggml_test(head[gh.IS_HOST], buffer) != 0
     layer = _layer(carray(_u8(t + _NAME), 16), len(_KQ))
-    heads_kv, stride = head[KQ_HEADS_KV], head[KQ_STRIDE]
+    heads_kv, stride = head[gh.KQ_HEADS_KV], head[gh.KQ_STRIDE]
     if not ok or ne[3] != 1 or n_kv > stride or layer < 0 or heads % heads_kv != 0:
-        _fail(head, BAD_SOFT_MAX, -1, n_kv)
+        _fail(head, gh.BAD_SOFT_MAX, -1, n_kv)
         return
     x = carray(_f32(carray(_i64(t + _DATA), 1)[0]), heads * rows * n_kv)
-    hidden = carray(_u8(head[KQ_HIDDEN] + layer * heads_kv * stride), heads_kv * stride)
+    hidden = carray(_u8(head[gh.KQ_HIDDEN] + layer * heads_kv * stride), heads_kv * stride)
     cells = np.empty(n_kv, np.int64)
     for kv in range(heads_kv):
         n = 0
@@ -398,73 +366,73 @@ def _copy_query(head, t, layer):
     """Copy the input of a layer's query RoPE, (head dim, heads, rows) f32, to the layer's slot of the query buffer."""
     q = carray(_i64(t + _SRC), 1)[0]
     ne = carray(_i64(q + _NE), 4)
-    width, rows = head[QUERY_WIDTH], head[QUERY_CAP]
-    ok = carray(_i32(q + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], q) != 0
-    copies = carray(_i64(head[QUERY_COPIES]), head[QUERY_LAYERS])
-    if not ok or ne[0] * ne[1] != width or ne[2] != rows or ne[3] != 1 or layer >= head[QUERY_LAYERS]:
-        _fail(head, BAD_SOFT_MAX, -1, ne[0] * ne[1])
+    width, rows = head[gh.QUERY_WIDTH], head[gh.QUERY_CAP]
+    ok = carray(_i32(q + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[gh.IS_CONTIGUOUS], q) != 0
+    copies = carray(_i64(head[gh.QUERY_COPIES]), head[gh.QUERY_LAYERS])
+    if not ok or ne[0] * ne[1] != width or ne[2] != rows or ne[3] != 1 or layer >= head[gh.QUERY_LAYERS]:
+        _fail(head, gh.BAD_SOFT_MAX, -1, ne[0] * ne[1])
         return
-    _tensor_get(head[TENSOR_GET], q, head[QUERY] + layer * rows * width * 4, 0, rows * width * 4)
+    _tensor_get(head[gh.TENSOR_GET], q, head[gh.QUERY] + layer * rows * width * 4, 0, rows * width * 4)
     copies[layer] += 1
 
 
 @njit(cache=True)
 def _copy_residual(head, t, layer):
     """Copy a computed layer output, (rows, n_embd) f32, to the layer's slot of the residual buffer."""
-    table = carray(_i64(head[RESID_TABLE]), (head[RESID_LAYERS], 3))
+    table = carray(_i64(head[gh.RESID_TABLE]), (head[gh.RESID_LAYERS], 3))
     ne = carray(_i64(t + _NE), 4)
-    rows, embd = head[RESID_CAP], head[RESID_EMBD]
-    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[IS_CONTIGUOUS], t) != 0
-    if not ok or ne[0] != embd or ne[1] > rows or ne[2] * ne[3] != 1 or layer >= head[RESID_LAYERS]:
-        if layer < head[RESID_LAYERS]:
-            table[layer, RESID_BAD] = 1
+    rows, embd = head[gh.RESID_CAP], head[gh.RESID_EMBD]
+    ok = carray(_i32(t + _TYPE), 1)[0] == ggml.GGML_TYPE_F32 and _ggml_test(head[gh.IS_CONTIGUOUS], t) != 0
+    if not ok or ne[0] != embd or ne[1] > rows or ne[2] * ne[3] != 1 or layer >= head[gh.RESID_LAYERS]:
+        if layer < head[gh.RESID_LAYERS]:
+            table[layer, gh.RESID_BAD] = 1
         return
-    _tensor_get(head[TENSOR_GET], t, head[RESID] + layer * rows * embd * 4, 0, ne[1] * embd * 4)  # host or device memory
-    table[layer, RESID_ROWS] = ne[1]
-    table[layer, RESID_COPIES] += 1
+    _tensor_get(head[gh.TENSOR_GET], t, head[gh.RESID] + layer * rows * embd * 4, 0, ne[1] * embd * 4)  # host or device memory
+    table[layer, gh.RESID_ROWS] = ne[1]
+    table[layer, gh.RESID_COPIES] += 1
 
 
 @cfunc(types.uint8(types.int64, types.uint8, types.int64), cache=True)
 def callback(t, ask, user_data):
-    head = carray(_i64(user_data), HEADER)
+    head = carray(_i64(user_data), gh.HEADER)
     if ask == 0:
-        if head[WRITTEN] != 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:
-            _python_written(head[WRITTEN], t)
-        if head[KQ_HIDDEN] != 0 and _has_prefix(t, _KQ):
+        if head[gh.WRITTEN] != 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:
+            _python_written(head[gh.WRITTEN], t)
+        if head[gh.KQ_HIDDEN] != 0 and _has_prefix(t, _KQ):
             _hide(head, t)
-        if head[ATTN] != 0 and _is_soft_max(t):
+        if head[gh.ATTN] != 0 and _is_soft_max(t):
             _add_attention(head, t)
-        if head[RESID] != 0:
+        if head[gh.RESID] != 0:
             layer = _l_out_layer(t)
             if layer >= 0:
                 _copy_residual(head, t, layer)
-        if head[QUERY] != 0:
+        if head[gh.QUERY] != 0:
             layer = _q_rope_layer(t)
             if layer >= 0:
                 _copy_query(head, t, layer)
-        head[COMPUTED] = t
-        head[CLAIMS] += 1
+        head[gh.COMPUTED] = t
+        head[gh.CLAIMS] += 1
         return 1
-    if head[MODE] == LEARN:  # record every node, claim none
-        n = head[N_LEARNED]
-        if n < head[LEARN_CAP]:
-            carray(_i64(head[LEARNED]), head[LEARN_CAP])[n] = t
+    if head[gh.MODE] == gh.LEARN:  # record every node, claim none
+        n = head[gh.N_LEARNED]
+        if n < head[gh.LEARN_CAP]:
+            carray(_i64(head[gh.LEARNED]), head[gh.LEARN_CAP])[n] = t
         else:
-            _fail(head, LEARN_OVERFLOW, -1, n)
-        head[N_LEARNED] = n + 1
+            _fail(head, gh.LEARN_OVERFLOW, -1, n)
+        head[gh.N_LEARNED] = n + 1
         return 0
-    if head[WRITES_CAP] > 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:
+    if head[gh.WRITES_CAP] > 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:
         _record(head, t)
-    if head[ATTN] != 0 and _is_soft_max(t):  # claimed: its weights are summed once computed
+    if head[gh.ATTN] != 0 and _is_soft_max(t):  # claimed: its weights are summed once computed
         return 1
-    if head[KQ_HIDDEN] != 0 and _has_prefix(t, _KQ):  # claimed: hidden cells are set to -inf once computed
+    if head[gh.KQ_HIDDEN] != 0 and _has_prefix(t, _KQ):  # claimed: hidden cells are set to -inf once computed
         return 1
     claimed = _ask(head, t)
-    if claimed == 0 and head[RESID] != 0 and _l_out_layer(t) >= 0:  # claimed: copied once computed
+    if claimed == 0 and head[gh.RESID] != 0 and _l_out_layer(t) >= 0:  # claimed: copied once computed
         return 1
-    if claimed == 0 and head[QUERY] != 0 and _q_rope_layer(t) >= 0:  # claimed: its input copied once computed
+    if claimed == 0 and head[gh.QUERY] != 0 and _q_rope_layer(t) >= 0:  # claimed: its input copied once computed
         return 1
-    if claimed == 0 and head[WRITTEN] != 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:  # after _ask, which changes what it writes
+    if claimed == 0 and head[gh.WRITTEN] != 0 and carray(_i32(t + _OP), 1)[0] == ggml.GGML_OP_SET_ROWS:  # after _ask, which changes what it writes
         return 1
     return claimed
 

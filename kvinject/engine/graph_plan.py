@@ -4,7 +4,7 @@ Each layer ``il`` names the K it stores ``Kcur-il`` and the V ``Vcur-il``; conse
 share that name (projection, reshape, RoPE), and some architectures reuse it for a later run
 (Gemma normalizes K under another name, then names the RoPE output ``Kcur-il`` again). The value
 the cache write reads is the last node of the last run; a model that quantizes K before RoPE
-(kvquant) has K changed at the node the layer's RoPE reads instead (:meth:`Plan.learn`).
+(kvquant) has K changed at the node the layer's RoPE reads instead (:meth:`GraphPlan.learn`).
 
 Learning records the runs of each name, the op that ends the last one, and what each node
 reads. Every claim splits the graph, and a split costs a synchronization of the backend's
@@ -37,7 +37,7 @@ class GraphNode:
 
 
 @dataclass(frozen=True)
-class Plan:
+class GraphPlan:
     """Where to claim and what to change there, learned from one graph."""
 
     n_runs: dict[bytes, int]  # name -> how many runs of consecutive nodes carry it
@@ -46,7 +46,7 @@ class Plan:
     claim_run: dict[bytes, int] = field(default_factory=dict)  # name -> the run (from 1) that ends at that node
 
     @classmethod
-    def learn(cls, nodes: list[GraphNode], sites: dict[bytes, tuple[str, int]], pre_rope: bool = False) -> Plan:
+    def learn(cls, nodes: list[GraphNode], sites: dict[bytes, tuple[str, int]], pre_rope: bool = False) -> GraphPlan:
         """The plan for a graph (nodes in evaluation order) and the targeted ``sites``
         (name -> (component, layer)); names not found in the graph are left out. With
         ``pre_rope``, K is changed where its first RoPE node reads it: a rope node starts a run,

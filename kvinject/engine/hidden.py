@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import graph_callback as gc
+from . import graph_header as gh
 
 
 class HiddenCells:
@@ -22,7 +22,7 @@ class HiddenCells:
 
     def __init__(self, head: np.ndarray, n_layer: int, n_head_kv: int, n_cells: int):
         self.table = np.zeros((n_layer, n_head_kv, n_cells), np.uint8)
-        head[gc.KQ_HIDDEN], head[gc.KQ_STRIDE], head[gc.KQ_HEADS_KV] = self.table.ctypes.data, n_cells, n_head_kv
+        head[gh.KQ_HIDDEN], head[gh.KQ_STRIDE], head[gh.KQ_HEADS_KV] = self.table.ctypes.data, n_cells, n_head_kv
 
     def hide(self, layer: int, kv_head: int, cells: np.ndarray) -> None:
         self.table[layer, kv_head, cells] = 1

@@ -30,11 +30,12 @@ from .. import interrupts
 from ..exceptions import HookError, InjectionError, ModelError
 from . import device, ggml
 from . import graph_callback as gc
+from . import graph_header as gh
 from .attention import AttentionSums
 from .blocks import BlockFaults
 from .cache_writes import CacheWrites, Writes
 from .device import DeviceChange
-from .graph_plan import GraphNode, Plan
+from .graph_plan import GraphNode, GraphPlan
 from .hidden import HiddenCells
 from .perturbation import CacheResident, ErrorModel
 from .queries import Queries
@@ -77,7 +78,7 @@ class KVHook:
         self._n_head_kv = n_head_kv
         self._at: dict[tuple[str, int], int] = {}  # each site's first component in a row of the decode's noise
         self._noise: DecodeNoise | None = None
-        self.plan = Plan({}, {}, {})
+        self.plan = GraphPlan({}, {}, {})
         self._host_rows: dict[tuple[int, int, int, int], np.ndarray] = {}
         self._device: DeviceChange | None = None  # device memory changed where it is (kvinject/engine/device.py)
         self._device_tried = self._device_laid_out = False
@@ -86,9 +87,9 @@ class KVHook:
         self._error: BaseException | None = None
         # The compiled callback's state; ctypes and numpy must keep all of it alive as long
         # as the llama context holds the pointers.
-        self._sites = np.zeros((2 * n_layer, gc.SITE_COLUMNS), np.int64)
+        self._sites = np.zeros((2 * n_layer, gh.SITE_COLUMNS), np.int64)
         for c, il in self._names.values():
-            self._sites[_site(c, il), gc.WANTED] = 1
+            self._sites[_site(c, il), gh.WANTED] = 1
         self._groups = np.zeros(2 * n_layer, np.int64)
         self._sums = np.zeros((2, gc.N_SUMS), np.float64)  # the compiled side's, this decode
         self._total_sums = np.zeros((2, gc.N_SUMS), np.float64)  # and over the finished decodes
@@ -105,7 +106,7 @@ class KVHook:
         self._python_outside = Realized.empty()
         self._segments = np.zeros((3, 0), np.int64)  # per segment: stream key (bits), first value, rows
         law = error.law
-        self._law = np.zeros(gc.LAW_SLOTS, np.float64)
+        self._law = np.zeros(gh.LAW_SLOTS, np.float64)
         self._law[: len(law or ())] = law or ()
         self._python_apply = _APPLY(self._apply)
         # Faults in quantized blocks: taken where K/V enter, flipped in the blocks once llama.cpp
@@ -113,24 +114,24 @@ class KVHook:
         self._blocks = BlockFaults(error.blocks) if error.blocks else None
         self._python_written = _APPLY(self._written)
         self._queue = np.zeros((2 * n_layer, 3), np.int64)
-        self._head = head = np.zeros(gc.HEADER, np.int64)
-        head[gc.QUEUE] = self._queue.ctypes.data
-        head[gc.RUN_SITE] = -1
-        head[gc.N_SITES] = 2 * n_layer
-        head[gc.SITES] = self._sites.ctypes.data
-        head[gc.GROUPS] = self._groups.ctypes.data
-        head[gc.SUMS] = self._sums.ctypes.data
-        head[gc.OUTSIDE_SUMS] = self._outside_sums.ctypes.data
-        for c, slot in (("k", gc.COLUMNS_K), ("v", gc.COLUMNS_V)):
+        self._head = head = np.zeros(gh.HEADER, np.int64)
+        head[gh.QUEUE] = self._queue.ctypes.data
+        head[gh.RUN_SITE] = -1
+        head[gh.N_SITES] = 2 * n_layer
+        head[gh.SITES] = self._sites.ctypes.data
+        head[gh.GROUPS] = self._groups.ctypes.data
+        head[gh.SUMS] = self._sums.ctypes.data
+        head[gh.OUTSIDE_SUMS] = self._outside_sums.ctypes.data
+        for c, slot in (("k", gh.COLUMNS_K), ("v", gh.COLUMNS_V)):
             head[slot] = self._column_bytes[c].ctypes.data if c in self._column_bytes else 0
-        head[gc.LAW] = self._law.ctypes.data
-        head[gc.ROW_K], head[gc.ROW_V] = row_k, row_v
-        head[gc.PREFIX_K], head[gc.PREFIX_V] = (gc.prefix(self._node_name(c, 0)) for c in "kv")
-        head[gc.NATIVE] = law is not None
-        head[gc.PRE_ROPE] = error.pre_rope
-        head[gc.PYTHON_APPLY] = ctypes.cast(self._python_apply, ctypes.c_void_p).value
-        head[gc.WRITTEN] = ctypes.cast(self._python_written, ctypes.c_void_p).value if self._blocks else 0
-        head[gc.IS_HOST], head[gc.IS_CONTIGUOUS] = (
+        head[gh.LAW] = self._law.ctypes.data
+        head[gh.ROW_K], head[gh.ROW_V] = row_k, row_v
+        head[gh.PREFIX_K], head[gh.PREFIX_V] = (gc.prefix(self._node_name(c, 0)) for c in "kv")
+        head[gh.NATIVE] = law is not None
+        head[gh.PRE_ROPE] = error.pre_rope
+        head[gh.PYTHON_APPLY] = ctypes.cast(self._python_apply, ctypes.c_void_p).value
+        head[gh.WRITTEN] = ctypes.cast(self._python_written, ctypes.c_void_p).value if self._blocks else 0
+        head[gh.IS_HOST], head[gh.IS_CONTIGUOUS] = (
             ctypes.cast(fn, ctypes.c_void_p).value for fn in (ggml.lib().ggml_backend_buffer_is_host, ggml.lib().ggml_is_contiguous)
         )
         self.writes = None if entry else CacheWrites(head, n_layer)
@@ -172,37 +173,37 @@ class KVHook:
         ``--positions``, ``mask`` says which rows get the error; the others' noise is drawn
         all the same and left unused, so the noise of a row does not depend on the mask."""
         head = self._head
-        head[gc.ROWS] = sum(rows for _, rows in segments)
-        head[gc.AT] = 0
+        head[gh.ROWS] = sum(rows for _, rows in segments)
+        head[gh.AT] = 0
         self._mask = mask
         self._keep.clear()
         if mask is not None:
             if self._mask_bytes.size < mask.size:
                 self._mask_bytes = np.zeros(2 * mask.size, np.uint8)
             self._mask_bytes[: mask.size] = mask
-        head[gc.MASK] = 0 if mask is None else self._mask_bytes.ctypes.data
+        head[gh.MASK] = 0 if mask is None else self._mask_bytes.ctypes.data
         if self.writes is not None:
-            self.writes.layout(int(head[gc.ROWS]))
+            self.writes.layout(int(head[gh.ROWS]))
         if self.attention is not None:
-            self.attention.layout(int(head[gc.ROWS]))
+            self.attention.layout(int(head[gh.ROWS]))
         if self.queries is not None:
-            self.queries.layout(int(head[gc.ROWS]))
-        if self.writes is not None or not (self.error.random or head[gc.NATIVE]):  # a cache-resident model draws its own
-            head[gc.N_SEG] = 0
+            self.queries.layout(int(head[gh.ROWS]))
+        if self.writes is not None or not (self.error.random or head[gh.NATIVE]):  # a cache-resident model draws its own
+            head[gh.N_SEG] = 0
             return
         if self.error.random:
             self._noise = noise = DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments])
-            if not head[gc.NATIVE]:
+            if not head[gh.NATIVE]:
                 return
             runs = [(np.uint64(block.variates.key).view(np.int64), block.start, rows) for block, rows in noise.blocks]
         else:  # compiled without noise (a rounding): one run of every row
-            runs = [(0, 0, head[gc.ROWS])]
+            runs = [(0, 0, head[gh.ROWS])]
         if self._segments.shape[1] < len(runs):
             self._segments = np.zeros((3, 2 * len(runs)), np.int64)
-            head[gc.SEG_KEY], head[gc.SEG_START], head[gc.SEG_ROWS] = (a.ctypes.data for a in self._segments)
+            head[gh.SEG_KEY], head[gh.SEG_START], head[gh.SEG_ROWS] = (a.ctypes.data for a in self._segments)
         for i, run in enumerate(runs):
             self._segments[:, i] = run
-        head[gc.N_SEG] = len(runs)
+        head[gh.N_SEG] = len(runs)
 
     def locate(self, placed: Placed) -> list[dict[str, object]]:
         """Where each change of ``placed`` that its item's decodes read landed (:func:`kvinject.engine.sites.locate`)."""
@@ -219,15 +220,15 @@ class KVHook:
         claiming none, then plan the claims."""
         head = self._head
         learned = np.zeros(LEARN_CAPACITY, np.int64)
-        head[gc.LEARNED], head[gc.LEARN_CAP], head[gc.N_LEARNED] = learned.ctypes.data, LEARN_CAPACITY, 0
-        head[gc.MODE] = gc.LEARN
+        head[gh.LEARNED], head[gh.LEARN_CAP], head[gh.N_LEARNED] = learned.ctypes.data, LEARN_CAPACITY, 0
+        head[gh.MODE] = gh.LEARN
         try:
             decode()
         finally:
-            head[gc.MODE] = gc.RUN
+            head[gh.MODE] = gh.RUN
         self._raise_native_error()
         # The graph's nodes stay in the context's compute memory until the next decode.
-        ptrs = [int(ptr) for ptr in learned[: head[gc.N_LEARNED]]]
+        ptrs = [int(ptr) for ptr in learned[: head[gh.N_LEARNED]]]
         if ptrs:
             ggml.check_layout(ptrs[0])
         nodes = [GraphNode.read(ptr) for ptr in ptrs]
@@ -239,7 +240,7 @@ class KVHook:
                 m = _TAGGED_K.fullmatch(node.name)
                 if m and len(node.name) < 16 and ("k", int(m[1])) in self._expected:
                     names.setdefault(node.name, ("k", int(m[1])))
-        self.plan = Plan.learn(nodes, names, self.error.pre_rope)
+        self.plan = GraphPlan.learn(nodes, names, self.error.pre_rope)
         missing = sorted(self._names[n] for n in set(self._names) - set(self.plan.n_runs))
         if missing:
             raise ModelError(
@@ -248,11 +249,11 @@ class KVHook:
                 "architecture names its K/V nodes differently and is not supported yet"
             )
         for name, (c, il) in self._names.items():
-            self._sites[_site(c, il), [gc.N_RUNS, gc.CLAIM_RUN, gc.FINAL_OP]] = self.plan.n_runs[name], self.plan.claim_run[name], self.plan.final_op[name]
+            self._sites[_site(c, il), [gh.N_RUNS, gh.CLAIM_RUN, gh.FINAL_OP]] = self.plan.n_runs[name], self.plan.claim_run[name], self.plan.final_op[name]
         at = 0
         for claimed, together in self.plan.claims.items():
             row = self._sites[_site(*self._names[claimed])]
-            row[gc.GROUP_START], row[gc.GROUP_LEN] = at, len(together)
+            row[gh.GROUP_START], row[gh.GROUP_LEN] = at, len(together)
             for name in together:
                 self._groups[at] = _site(*self._names[name])
                 at += 1
@@ -344,7 +345,7 @@ class KVHook:
             if noise is not None and all(isinstance(block, Block) for block, _ in noise.blocks):
                 runs = [(block.variates.key, block.start, rows) for block, rows in noise.blocks]
             else:  # no factors: one run of every row
-                runs = [(0, 0, int(self._head[gc.ROWS]))]
+                runs = [(0, 0, int(self._head[gh.ROWS]))]
             self._device.layout(runs, self._mask)
             self._device_laid_out = True
         return self._device
@@ -358,14 +359,14 @@ class KVHook:
             if self._mask is None and cols is None:
                 self._keep[component] = None
             else:
-                rows = self._mask if self._mask is not None else np.ones(int(self._head[gc.ROWS]), bool)
+                rows = self._mask if self._mask is not None else np.ones(int(self._head[gh.ROWS]), bool)
                 self._keep[component] = ~np.outer(rows, cols if cols is not None else np.ones(self.row[component], bool))
         return self._keep[component]
 
     @property
     def claims(self) -> int:
         """Graph nodes claimed so far, each a split of llama.cpp's graph computation."""
-        return int(self._head[gc.CLAIMS])
+        return int(self._head[gh.CLAIMS])
 
     @property
     def site_counts(self) -> dict[tuple[str, int], int]:
@@ -401,7 +402,7 @@ class KVHook:
                 return writes if self.attention is None else replace(writes, attention=self.attention.read(self._n_layer))
             if self._blocks is not None:
                 self._blocks.check_written()
-            hits = self._sites[self._expected_rows, gc.HITS]
+            hits = self._sites[self._expected_rows, gh.HITS]
             if (hits != 1).any():
                 missing = sorted(("kv"[s & 1], s // 2) for s, n in zip(self._expected_rows.tolist(), hits.tolist()) if n == 0)
                 raise InjectionError(
@@ -448,37 +449,37 @@ class KVHook:
 
     def _raise_native_error(self) -> None:
         head = self._head
-        code, site, value = head[[gc.ERROR, gc.ERROR_SITE, gc.ERROR_VALUE]].tolist()
+        code, site, value = head[[gh.ERROR, gh.ERROR_SITE, gh.ERROR_VALUE]].tolist()
         if not code:
             return
-        head[gc.ERROR] = 0
+        head[gh.ERROR] = 0
         name = self._node_name("kv"[site & 1], site // 2).decode()
-        if code == gc.MISMATCH:
+        if code == gh.MISMATCH:
             raise InjectionError(
                 f"graph node '{name}' does not match the graph learned at the first decode; "
                 "kvinject does not support models whose graph changes shape between decodes"
             )
-        if code == gc.NOT_F32:
+        if code == gh.NOT_F32:
             raise ModelError(f"'{name}' is not a contiguous f32 tensor; kvinject cannot perturb it")
-        if code == gc.BAD_ROWS:
-            raise InjectionError(f"the cache write '{name}' of {value} values does not split into the {head[gc.ROWS]} rows of this decode")
-        if code == gc.WRITES_OVERFLOW:
+        if code == gh.BAD_ROWS:
+            raise InjectionError(f"the cache write '{name}' of {value} values does not split into the {head[gh.ROWS]} rows of this decode")
+        if code == gh.WRITES_OVERFLOW:
             raise ModelError(f"this model's graph writes the KV cache more often than kvinject can record ({value} writes)")
-        if code == gc.BAD_SOFT_MAX:
+        if code == gh.BAD_SOFT_MAX:
             raise ModelError("eviction by attention reads contiguous f32 attention weights of one stream in host memory, and this graph's are not (a GPU?)")
-        if code == gc.BAD_INDEX:
+        if code == gh.BAD_INDEX:
             raise ModelError("this model's graph indexes its KV cache writes with a type other than int64; kvinject cannot follow them")
         raise ModelError(f"this model's graph has more than {LEARN_CAPACITY} nodes; kvinject cannot learn it")
 
     def _reset(self) -> None:
-        self._sites[:, gc.SEEN :] = 0
+        self._sites[:, gh.SEEN :] = 0
         self._sums[:] = 0
         self._outside_sums[:] = 0
         self._mask = None
         self._keep.clear()
-        self._head[gc.MASK] = 0
-        self._head[gc.RUN_SITE] = -1
-        self._head[gc.ERROR] = 0
+        self._head[gh.MASK] = 0
+        self._head[gh.RUN_SITE] = -1
+        self._head[gh.ERROR] = 0
         self._noise = None
         if self._blocks is not None:
             self._blocks.clear()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..exceptions import ModelError
-from . import graph_callback as gc
+from . import graph_header as gh
 
 
 class Queries:
@@ -23,17 +23,17 @@ class Queries:
         self._head, self.n_layer, self.width = head, n_layer, width
         self._copies = np.zeros(n_layer, np.int64)
         self._buffer = np.zeros(0, np.float32)
-        head[gc.QUERY_WIDTH], head[gc.QUERY_LAYERS], head[gc.QUERY_COPIES] = width, n_layer, self._copies.ctypes.data
+        head[gh.QUERY_WIDTH], head[gh.QUERY_LAYERS], head[gh.QUERY_COPIES] = width, n_layer, self._copies.ctypes.data
 
     def layout(self, rows: int) -> None:
         """Make room for a decode of ``rows`` batch rows."""
         if self._buffer.size < self.n_layer * rows * self.width:
             self._buffer = np.zeros(self.n_layer * rows * self.width, np.float32)
-        self._head[gc.QUERY], self._head[gc.QUERY_CAP] = self._buffer.ctypes.data, rows
+        self._head[gh.QUERY], self._head[gh.QUERY_CAP] = self._buffer.ctypes.data, rows
         self._copies[:] = 0
 
     def read(self) -> np.ndarray:
-        rows = int(self._head[gc.QUERY_CAP])
+        rows = int(self._head[gh.QUERY_CAP])
         if (self._copies != 1).any():
             raise ModelError("this model's graph names no query RoPE 'Qcur-<il>' in every layer: kvinject cannot read its queries")
         return self._buffer[: self.n_layer * rows * self.width].reshape(self.n_layer, rows, self.width).copy()

@@ -23,6 +23,7 @@ from llama_cpp import llama_cpp as ll
 from ..exceptions import InjectionError, ModelError
 from . import ggml
 from . import graph_callback as gc
+from . import graph_header as gh
 
 
 class ResidualStream:
@@ -37,30 +38,30 @@ class ResidualStream:
             self.callback = ll.ggml_backend_sched_eval_callback(gc.callback.address)
             self.user_data = ctypes.c_void_p(head.ctypes.data)
         self._head = head
-        self._table = np.zeros((n_layer, 3), np.int64)
+        self._table = np.zeros((n_layer, gh.RESID_COLUMNS), np.int64)
         self._buffer = np.zeros(0, np.float32)
         self._outputs = np.zeros(0, bool)
-        head[gc.RESID_TABLE], head[gc.RESID_LAYERS], head[gc.RESID_EMBD] = self._table.ctypes.data, n_layer, n_embd
-        head[gc.TENSOR_GET] = ctypes.cast(ggml.lib().ggml_backend_tensor_get, ctypes.c_void_p).value
-        head[gc.IS_CONTIGUOUS] = ctypes.cast(ggml.lib().ggml_is_contiguous, ctypes.c_void_p).value
+        head[gh.RESID_TABLE], head[gh.RESID_LAYERS], head[gh.RESID_EMBD] = self._table.ctypes.data, n_layer, n_embd
+        head[gh.TENSOR_GET] = ctypes.cast(ggml.lib().ggml_backend_tensor_get, ctypes.c_void_p).value
+        head[gh.IS_CONTIGUOUS] = ctypes.cast(ggml.lib().ggml_is_contiguous, ctypes.c_void_p).value
 
     def _own_state(self, n_layer: int) -> np.ndarray:
         """A callback state that claims no K/V: every site unwanted (tables kept alive here)."""
-        self._sites = np.zeros((2 * n_layer, gc.SITE_COLUMNS), np.int64)
+        self._sites = np.zeros((2 * n_layer, gh.SITE_COLUMNS), np.int64)
         self._groups = np.zeros(2 * n_layer, np.int64)
-        head = np.zeros(gc.HEADER, np.int64)
-        head[gc.RUN_SITE] = -1
-        head[gc.N_SITES], head[gc.SITES], head[gc.GROUPS] = 2 * n_layer, self._sites.ctypes.data, self._groups.ctypes.data
+        head = np.zeros(gh.HEADER, np.int64)
+        head[gh.RUN_SITE] = -1
+        head[gh.N_SITES], head[gh.SITES], head[gh.GROUPS] = 2 * n_layer, self._sites.ctypes.data, self._groups.ctypes.data
         return head
 
     def layout(self, outputs: np.ndarray) -> None:
         """Announce a decode whose batch rows ask for logits where ``outputs`` is True."""
         rows = len(outputs)
         size = self.n_layer * rows * self.n_embd
-        if self._buffer.size < size or self._head[gc.RESID_CAP] != rows:
+        if self._buffer.size < size or self._head[gh.RESID_CAP] != rows:
             if self._buffer.size < size:
                 self._buffer = np.zeros(size, np.float32)
-            self._head[gc.RESID], self._head[gc.RESID_CAP] = self._buffer.ctypes.data, rows
+            self._head[gh.RESID], self._head[gh.RESID_CAP] = self._buffer.ctypes.data, rows
         self._table[:] = 0
         self._outputs = np.asarray(outputs, bool)
 
@@ -68,10 +69,10 @@ class ResidualStream:
         """The decode's outputs, (layers, rows, n_embd), a copy; a layer computed only at the
         rows that ask for logits (the last) is NaN at the others."""
         rows, n_out = len(self._outputs), int(self._outputs.sum())
-        copies, computed = self._table[:, gc.RESID_COPIES], self._table[:, gc.RESID_ROWS]
+        copies, computed = self._table[:, gh.RESID_COPIES], self._table[:, gh.RESID_ROWS]
         if not copies.any():
             raise ModelError("this model's graph names no layer output 'l_out-<il>': kvinject cannot read its residual stream")
-        bad = np.flatnonzero(self._table[:, gc.RESID_BAD])
+        bad = np.flatnonzero(self._table[:, gh.RESID_BAD])
         if len(bad):
             raise ModelError(f"the output of layer {bad[0]} is not a contiguous f32 tensor of {self.n_embd}-wide rows; kvinject cannot read it")
         if (copies != 1).any() or not np.isin(computed, (rows, n_out)).all():

@@ -73,7 +73,7 @@ def text_prompts(model: Model, texts: Sequence[str], max_tokens: int) -> Prompts
 
 
 @dataclass
-class Item:
+class ItemDistances:
     prompt_tokens: int
     tokens: list[int]  # the reference's greedy continuation
     distances: list[np.ndarray]  # per configuration: (layers, positions of prompt and tokens)
@@ -84,10 +84,10 @@ class Divergence:
     reference: Configuration
     configs: list[Configuration]
     n_layer: int
-    items: list[Item]
+    items: list[ItemDistances]
 
     @staticmethod
-    def window(item: Item, span: str) -> slice:
+    def window(item: ItemDistances, span: str) -> slice:
         """The positions of ``item`` in ``span``."""
         n = item.prompt_tokens
         return {"generated": slice(n, None), "prompt": slice(0, n), "all": slice(0, None)}[span]
@@ -197,7 +197,7 @@ def divergence(
                 distances.append(d)
                 if progress:
                     progress(1)
-            items.append(Item(len(prompt), tokens, distances))
+            items.append(ItemDistances(len(prompt), tokens, distances))
     return Divergence(reference, list(configs), model.n_layer, items)
 
 

@@ -21,7 +21,7 @@ from .grid import Cell, Grid, GridError
 from .store import Claim, Store, Worker
 
 # progress(name, total) makes a progress bar and returns its advance(n).
-Progress = Callable[[str, int], Callable[[int], None]]
+SweepProgress = Callable[[str, int], Callable[[int], None]]
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -147,7 +147,7 @@ class Sweep:
             decoded.add(key)
         return total
 
-    def run(self, progress: Progress | None = None, notice: Callable[[str], None] | None = None, stored: Callable[[str], None] | None = None) -> int:
+    def run(self, progress: SweepProgress | None = None, notice: Callable[[str], None] | None = None, stored: Callable[[str], None] | None = None) -> int:
         """Evaluate what is missing, group by group; every finished run is stored at once.
 
         A group is claimed in the store before it is computed, so that workers sharing the store
@@ -229,7 +229,7 @@ class Sweep:
         members: list[Planned],
         models: dict[str, Model],
         backend: BackendOptions,
-        progress: Progress | None,
+        progress: SweepProgress | None,
         overall: Callable[[int], None],
         stored: Callable[[str], None],
     ) -> int:

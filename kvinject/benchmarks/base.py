@@ -11,9 +11,10 @@ from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 
-from ..engine.batching import Generation, generate_all
-from ..engine.cache_free import generate_cache_free, one_pass, pass_context
+from ..engine.batching import Generation
+from ..engine.cache_free import one_pass, pass_context
 from ..engine.context import Context
+from ..engine.decoding import generator
 from ..engine.model import Model
 from ..engine.perturbation import CacheResident
 from ..engine.positions import GENERATION_SPANS, Spans
@@ -329,23 +330,18 @@ class GenerationBenchmark(Benchmark):
             ctx = stack.enter_context(generation_context(model, config, seed, run, per_seq, self.sequences(model, per_seq)))
             # A fault campaign's watchdogs: an item that hangs or raises is DUE, and the run goes on.
             deadline = item_deadline(control, ctx.n_seq) if config.error.placed and control is not None else None
-            if config.error.cache_free:
-                verify = stack.enter_context(pass_context(model, config.cache, per_seq))
-                generations = generate_cache_free(ctx, verify, prompts, max_tokens, self.stop(model), items=range(n))
-            else:
-                generations = generate_all(
-                    ctx,
-                    prompts,
-                    max_tokens,
-                    self.temperature,
-                    stop=self.stop(model),
-                    items=range(n),
-                    keep_logits=reference is not None,
-                    spans=spans,
-                    prefills=prefills,
-                    deadline=deadline,
-                    contain=config.error.placed,
-                )
+            generations = generator(stack, ctx)(
+                prompts,
+                max_tokens,
+                self.temperature,
+                stop=self.stop(model),
+                items=range(n),
+                keep_logits=reference is not None,
+                spans=spans,
+                prefills=prefills,
+                deadline=deadline,
+                contain=config.error.placed,
+            )
             judge = stack.enter_context(pass_context(model, reference.cache, per_seq)) if reference is not None and control is not None else None
             for i, gen in generations:
                 scores[i] = self.score(i, gen)

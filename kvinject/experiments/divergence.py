@@ -19,9 +19,9 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..benchmarks import Benchmark, GenerationBenchmark
-from ..engine.batching import generate_all
-from ..engine.cache_free import generate_cache_free, pass_context, pass_pieces
+from ..engine.cache_free import pass_context, pass_pieces
 from ..engine.context import Context
+from ..engine.decoding import generator
 from ..engine.model import Model
 from ..engine.positions import GENERATION_SPANS, MAX_POSITION, Spans
 from ..error_models.configuration import Configuration
@@ -204,13 +204,8 @@ def divergence(
 def _generator(stack: ExitStack, model: Model, reference: Configuration, prompts: Prompts, n_ctx: int, seed: int) -> Callable[[int], list[int]]:
     """item -> the reference's greedy tokens after that prompt, generated as a benchmark run does."""
     ctx = stack.enter_context(Context(model, reference.cache, reference.error, reference.target, seed=seed, n_ctx=n_ctx))
-    if reference.error.cache_free:
-        verify = stack.enter_context(pass_context(model, reference.cache, n_ctx))
-        return lambda i: next(generate_cache_free(ctx, verify, [prompts.tokens[i]], prompts.max_tokens, prompts.stop, items=[i]))[1].tokens
-    spans = prompts.spans
-    return lambda i: (
-        next(generate_all(ctx, [prompts.tokens[i]], prompts.max_tokens, stop=prompts.stop, items=[i], spans=[spans[i]] if spans else None))[1].tokens
-    )
+    generate, spans = generator(stack, ctx), prompts.spans
+    return lambda i: next(generate([prompts.tokens[i]], prompts.max_tokens, stop=prompts.stop, items=[i], spans=[spans[i]] if spans else None))[1].tokens
 
 
 def _feed(ctx: Context, config: Configuration, item: int, prompt: list[int], tokens: list[int], spans: Spans) -> Iterator[tuple[int, np.ndarray]]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from ..engine.batching import generate_all
-from ..engine.cache_free import generate_cache_free, pass_context
 from ..engine.context import Context
+from ..engine.decoding import generator
 from ..engine.model import Model
 from ..engine.perturbation import changed_nothing
 from ..engine.positions import GENERATION_SPANS
@@ -70,9 +69,6 @@ def generate(
     for config in configs:
         with ExitStack() as stack:
             ctx = stack.enter_context(Context(model, config.cache, config.error, config.target, seed=seed, n_ctx=n_ctx))
-            if config.error.cache_free:
-                ((_, gen),) = generate_cache_free(ctx, stack.enter_context(pass_context(model, config.cache, n_ctx)), [tokens], max_tokens)
-            else:
-                ((_, gen),) = generate_all(ctx, [tokens], max_tokens, temperature)
+            ((_, gen),) = generator(stack, ctx)([tokens], max_tokens, temperature)
             out.append(Completion(config, gen.text, gen.tokens, ctx.realized, gen.nonfinite_steps))
     return out

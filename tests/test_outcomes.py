@@ -36,6 +36,7 @@ def test_each_item_gets_the_outcome_its_definition_says():
         "due_timeout": [0, 0, 0, 1, 0],
     }
     lower = classify(golden[:2], [2.0, 2.0], tokens[:2], [2.0, 3.0], ["", ""], higher_is_better=False)
+    assert set(lower) == {"masked", "benign", "sdc", "due"}, "no item DUE: no causes stored"
     assert lower["masked"] == [1, 0] and lower["sdc"] == [0, 1], "a higher perplexity-like score is worse"
 
 
@@ -105,7 +106,7 @@ def test_a_campaign_counts_an_item_past_its_time_limit_as_due(tiny, monkeypatch)
     monkeypatch.setattr(base, "TIMEOUT_FACTOR", 0.0)
     bench = make_bench("nexttoken", {"limit": 8})
     control, noise, faults = run(tiny, [bench], [Configuration(), Configuration.parse("normal:0,0"), Configuration.parse("faults:1,bit=0")], runs=1)
-    assert noise.items["masked"] == [1.0] * 8 and not any(noise.items["due_timeout"]), "only a fault campaign is limited"
+    assert noise.items["masked"] == [1.0] * 8 and "due_timeout" not in noise.items, "only a fault campaign is limited; no DUE, no causes kept"
     assert all(len(tokens) > 1 for tokens in control.outputs), "each golden item takes several picks, so each faulted one is cut"
     assert [len(tokens) for tokens in faults.outputs] == [1] * 8
     assert faults.items["due_timeout"] == faults.items["due"] == [1.0] * 8 and faults.extra["due"] == 1

@@ -33,8 +33,8 @@ def classify(
     due: Sequence[str],
     higher_is_better: bool,
 ) -> dict[str, list[float]]:
-    """Per outcome and per cause of DUE (``due_<cause>``), one 0/1 value per item; ``due``
-    holds each item's cause, "" for none."""
+    """Per outcome, and per cause of DUE (``due_<cause>``) where any item is DUE, one 0/1 value
+    per item; ``due`` holds each item's cause, "" for none."""
     out: dict[str, list[float]] = {name: [] for name in [*METRICS, *(f"due_{c}" for c in CAUSES)]}
     for golden, golden_score, own, score, cause in zip(control_tokens, control_scores, tokens, scores, due, strict=True):
         if cause:
@@ -49,4 +49,4 @@ def classify(
             out[name].append(float(name == outcome))
         for c in CAUSES:
             out[f"due_{c}"].append(float(cause == c))
-    return out
+    return out if any(due) else {name: out[name] for name in METRICS}

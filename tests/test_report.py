@@ -1,6 +1,7 @@
 """The study table and its terminal parts: which settings become columns or titles, and how."""
 
 import io
+import json
 import math
 
 import pandas as pd
@@ -10,6 +11,8 @@ from kvinject.analysis.plots import bits_column, plot, score_range
 from kvinject.analysis.report import experiments, render, select, study_table, terminal_tables
 from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import KvinjectError
+
+from .cli_runs import kvinject, swept
 
 
 def _row(model, sha, label, lengths, n=1, family=None):
@@ -205,3 +208,54 @@ def test_a_filter_matches_the_stored_spelling_of_positions_and_error_specs():
     assert _canonical("positions", "first:4") == "0-3"
     assert _canonical("error", "normal:0,.25") == "normal:0,0.25"
     assert _canonical("error", "none@q8_0") == "none@q8_0" and _canonical("seed", "3") == "3"
+
+
+RUN_GRID = """
+[sweep]
+models = ["{model}"]
+runs = 1
+
+[bench.niah]
+lengths = [256]
+depths = [0, 100]
+samples = 3
+family = "multikey"
+max_tokens = 8
+
+[[errors]]
+model = "normal"
+mean = 0
+std = 0.25
+"""
+
+
+def test_report_reads_a_run_s_output_file_as_a_sweep_s_store(tmp_path, tiny_path):
+    """`kvinject run --output` and a sweep of the same experiment hold the same records under the
+    same cell keys: report prints the same table from either, and the two given together count
+    each run once. niah's family is an option that decides what is pass/fail (multikey's accuracy
+    is, and one run of it is tested with McNemar), so the file must record the bench's options."""
+    store = swept(tmp_path, RUN_GRID.format(model=tiny_path))
+    output = tmp_path / "run.json"
+    flags = ["--bench", "niah", "--lengths", "256", "--depths", "0,100", "--samples", "3", "--family", "multikey", "--max-tokens", "8"]
+    out = kvinject("run", "--model", tiny_path, *flags, "--error", "normal:0,0.25", "--runs", "1", "--output", output, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    tables = [kvinject("report", *paths, "--format", "csv", "--all-metrics") for paths in ([store], [output], [store, output])]
+    assert all(t.returncode == 0 for t in tables), [t.stderr for t in tables]
+    from_store, from_output, from_both = (pd.read_csv(io.StringIO(t.stdout)) for t in tables)
+    assert len(from_store) > 4 and set(from_store["configuration"]) == {"none", "normal:0,0.25"}
+    pd.testing.assert_frame_equal(from_output, from_store)
+    pd.testing.assert_frame_equal(from_both, from_store)
+    [accuracy] = from_store[(from_store["metric"] == "accuracy") & ~from_store["control"]].to_dict("records")
+    assert accuracy["n"] == 1 and accuracy["items_ci_method"] == "wilson" and "mcnemar_exact" in accuracy["test"]
+    # and as the run itself aggregated its records
+    [own] = [a for a in json.loads(output.read_text())["aggregates"] if a["metric"] == "accuracy" and not a["control"]]
+    assert own["test"]["test"] == "mcnemar_exact" and own["items_ci"] == json.loads(accuracy["items_ci"])
+
+
+def test_report_names_a_file_that_is_not_a_run_s_output(tmp_path):
+    bad = tmp_path / "other.json"
+    bad.write_text('{"results": []}')
+    out = kvinject("report", bad)
+    assert out.returncode == 2 and "not a file written by kvinject run --output" in out.stderr and "Traceback" not in out.stderr
+    out = kvinject("report", tmp_path / "missing.json")
+    assert out.returncode == 2 and "no run output at" in out.stderr

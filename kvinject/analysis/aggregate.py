@@ -1,10 +1,9 @@
 """Aggregation with honest statistics: per configuration and metric, across runs and across
-items, against the control; and the document one ``kvinject run`` writes."""
+items, against the control."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -12,30 +11,6 @@ from ..benchmarks.base import Benchmark, RunResult
 from ..benchmarks.options import Options
 from ..engine.perturbation import changed_nothing as changes_nothing
 from .stats import across_runs, bootstrap_ci, compare_to_control, paired_bootstrap, percent_of_control, proportion_ci
-
-
-@dataclass
-class RunOutput:
-    """Everything one ``kvinject run`` produced, as its ``--output`` JSON holds it: settings, one
-    record per (bench, config, run), and the aggregates per (bench, config, metric)."""
-
-    meta: dict[str, object]
-    results: list[RunResult] = field(default_factory=list)
-    benches: dict[str, Benchmark] = field(default_factory=dict)
-    interrupted: bool = False
-
-    def aggregates(self) -> list[dict[str, object]]:
-        out = []
-        for name, bench in self.benches.items():
-            out += aggregate(bench, [r for r in self.results if r.bench == name])
-        return out
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "meta": {**self.meta, "interrupted": self.interrupted},
-            "records": [r.to_dict() for r in self.results],
-            "aggregates": self.aggregates(),
-        }
 
 
 def _matrix(results: list[RunResult], metric: str) -> np.ndarray | None:

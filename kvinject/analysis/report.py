@@ -20,6 +20,7 @@ from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
 from ..experiments.store import Store
 from .aggregate import aggregate
+from .run_output import output_records
 from .tables import NOTHING_MARK, NOTHING_NOTE
 
 FORMATS = ("table", "markdown", "csv", "json", "latex")
@@ -40,13 +41,17 @@ def store_paths(paths: list[Path]) -> list[Path]:
 
 
 def load_records(paths: list[Path]) -> list[dict[str, Any]]:
-    """Every record of every store (a folder: the stores in it), each (cell, run) once. Stores
-    are opened read-only."""
+    """Every record of every store (a folder: the stores in it) and of every ``kvinject run
+    --output`` file (``.json``), each (cell, run) once. Stores are opened read-only."""
     seen: dict[tuple[str, int], dict[str, Any]] = {}
     for path in store_paths(paths):
-        with Store(path, readonly=True) as store:
-            for record in store.records():
-                seen.setdefault((record["cell"], record["run"]), record)
+        if path.suffix == ".json":
+            records = output_records(path)
+        else:
+            with Store(path, readonly=True) as store:
+                records = list(store.records())
+        for record in records:
+            seen.setdefault((record["cell"], record["run"]), record)
     return list(seen.values())
 
 

@@ -46,6 +46,16 @@ class Options:
                 kwargs[name] = _convert(flag(name) if cli else name, known[name], hints[name], value)
         return cls(**kwargs)
 
+    def given(self) -> dict[str, Any]:
+        """The options that differ from their defaults, as a grid's ``[bench.NAME]`` table gives
+        them (lists for tuples): what a results store records of a bench."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")

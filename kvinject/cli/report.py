@@ -15,7 +15,7 @@ from .render import console, print_table
 
 
 def report(
-    stores: Annotated[list[Path], typer.Argument(help="Results stores written by kvinject sweep (shards are merged), or run folders of sweep --slurm.")],
+    stores: Annotated[list[Path], typer.Argument(help="Results stores written by kvinject sweep (shards are merged), run folders of sweep --slurm, or the JSON files of kvinject run --output.")],
     output_format: Annotated[str, typer.Option("--format", help="table, markdown, csv, json or latex.")] = "table",
     filters: Annotated[
         Optional[list[str]], typer.Option("--filter", help="Keep records whose setting KEY equals VALUE, e.g. bench=ifeval, target=k, cache_v=q8_0.")
@@ -64,8 +64,8 @@ def report(
         ),
     ] = False,
 ) -> None:
-    """Merge results stores and print the study-style table: score, CIs, percent of control and
-    the paired test, per bench and configuration."""
+    """Merge results stores (and run --output files) and print the study-style table: score, CIs,
+    percent of control and the paired test, per bench and configuration."""
     from ..analysis.plots import frontier as draw_frontier
     from ..analysis.plots import heatmap as draw_heatmap
     from ..analysis.plots import outcomes as draw_outcomes

@@ -47,7 +47,7 @@ def run_command(
 
     Example: kvinject run --bench ifeval --bench nexttoken --error normal:0,0.25 --error none@q8_0 --runs 5
     """
-    from ..analysis.aggregate import RunOutput
+    from ..analysis.run_output import RunOutput
     from ..benchmarks import make_benches
     from ..experiments.runner import metadata
     from ..experiments.runner import run as run_benches

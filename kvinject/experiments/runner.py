@@ -50,5 +50,6 @@ def metadata(model: Model, benches: list[Benchmark], configs: list[Configuration
         **{f"{b.name}_chunks_per_decode": model.chunks_per_decode(b.n_ctx) for b in benches if b.name == "perplexity"},
         "configurations": [{"label": c.label, **c.to_dict()} for c in configs],
         "benches": {b.name: b.settings for b in benches},
+        "options": {b.name: b.options.given() for b in benches},  # as a store records them: `report` reads this file
         **settings,
     }

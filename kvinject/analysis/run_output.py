@@ -1,0 +1,69 @@
+"""The document one ``kvinject run`` writes (``--output``), and its records as a results store
+holds them, so that ``kvinject report`` reads a run's file as it reads a sweep's store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..benchmarks.base import Benchmark, RunResult
+from ..exceptions import KvinjectError
+from .aggregate import aggregate
+
+
+@dataclass
+class RunOutput:
+    """Everything one ``kvinject run`` produced, as its ``--output`` JSON holds it: settings, one
+    record per (bench, config, run), and the aggregates per (bench, config, metric)."""
+
+    meta: dict[str, object]
+    results: list[RunResult] = field(default_factory=list)
+    benches: dict[str, Benchmark] = field(default_factory=dict)
+    interrupted: bool = False
+
+    def aggregates(self) -> list[dict[str, object]]:
+        out = []
+        for name, bench in self.benches.items():
+            out += aggregate(bench, [r for r in self.results if r.bench == name])
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "meta": {**self.meta, "interrupted": self.interrupted},
+            "records": [r.to_dict() for r in self.results],
+            "aggregates": self.aggregates(),
+        }
+
+
+def output_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``kvinject run --output`` file, each with the settings a sweep stores
+    beside it (:meth:`kvinject.experiments.sweep.Sweep._evaluate`): the model by content, the
+    bench's options, the configuration, the seed, and whether it is the control (the first
+    configuration). Its cell key is a hash of those settings, so a file given twice counts once."""
+    if not Path(path).is_file():
+        raise KvinjectError(f"no run output at {path}")
+    try:
+        data = json.loads(Path(path).read_text())
+        meta, records = data["meta"], data["records"]
+        configs = {c["label"]: {k: v for k, v in c.items() if k != "label"} for c in meta["configurations"]}
+        control = meta["configurations"][0]["label"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+        raise KvinjectError(f"{path}: not a file written by kvinject run --output ({type(e).__name__}: {e})") from None
+    if "options" not in meta:
+        raise KvinjectError(f"{path}: written by a kvinject run that did not record its benches' options; run it again to report it")
+    out = []
+    for record in records:
+        settings = {
+            "model_sha256": meta["model_sha256"],
+            "bench": record["bench"],
+            "options": dict(sorted(meta["options"][record["bench"]].items())),  # as a store's JSON keeps them
+            **configs[record["label"]],
+            "seed": meta["seed"],
+        }
+        cell = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:20]
+        settings |= {"model": meta["model"], "control": record["label"] == control, "label": record["label"]}
+        out.append({"cell": cell, "run": record["run"], "settings": settings, **record})
+    return out

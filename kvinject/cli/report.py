@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from ..exceptions import KvinjectError
-from .flags import WideOpt
+from .flags import WideOpt, check_format
 from .outputs import check_writable
 from .render import console, print_table
 
@@ -73,8 +73,7 @@ def report(
     from ..analysis.report import FORMATS, check_metric, flags_nothing, load_records, render, select, store_paths, study_table, summarize, terminal_tables
     from ..analysis.tables import NOTHING_NOTE, report_table
 
-    if output_format not in FORMATS:
-        raise KvinjectError(f"--format must be one of {', '.join(FORMATS)}")
+    check_format(output_format, FORMATS)
     if metric and all_metrics:
         raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
     check_writable(plot, heatmap, frontier, outcomes)

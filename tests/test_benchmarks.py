@@ -108,13 +108,19 @@ def test_perplexity_matches_an_independent_per_position_computation(tiny, tmp_pa
     assert len(result.items["mean_nll"]) == 2
 
 
-def test_kld_same_top_and_rms_dp_match_an_independent_computation(tiny):
+@pytest.mark.parametrize("decode_tokens", [512, 16])
+def test_kld_same_top_and_rms_dp_match_an_independent_computation(tiny, monkeypatch, decode_tokens):
     """3-bit quantization of K and V against the control, as llama-perplexity --kl-divergence
     defines them:
     KL(control || configuration) per scored position, the share of positions whose argmax
     agrees, and the RMS of the change in the true token's probability, each chunk on its own
-    here; the per-chunk items give the same values (the intervals' data)."""
+    here; the per-chunk items give the same values (the intervals' data). With decodes of 16
+    tokens, each chunk is decoded in 4 pieces, 2 of them scored, every job's in turn: the
+    comparison gathers a chunk's rows over its pieces."""
     from kvinject.data import read_text
+    from kvinject.engine.model import Model
+
+    monkeypatch.setattr(Model, "decode_tokens", property(lambda self: decode_tokens))
 
     bench = Perplexity(chunks=2, ctx=64)
     coarse = Configuration.parse("quant:3")
@@ -125,9 +131,13 @@ def test_kld_same_top_and_rms_dp_match_an_independent_computation(tiny):
         piece = tokens[chunk * 64 : (chunk + 1) * 64]
         rows = {}
         for name, error in (("base", None), ("quant", coarse.error)):
-            with Context(tiny, error=error, n_ctx=64, n_batch=64) as ctx:
-                ctx.decode([(t, pos, 0, True) for pos, t in enumerate(piece)])
-                rows[name] = np.array([log_softmax(ctx.logits(pos)) for pos in range(32, 63)])
+            span = min(64, decode_tokens)  # each chunk decoded as the bench decodes it
+            rows[name] = []
+            with Context(tiny, error=error, n_ctx=64, n_batch=span) as ctx:
+                for a in range(0, 64, span):
+                    ctx.decode([(piece[pos], pos, 0, True) for pos in range(a, a + span)])
+                    rows[name] += [log_softmax(ctx.logits(pos - a)) for pos in range(max(a, 32), min(a + span, 63))]
+            rows[name] = np.array(rows[name])
         base, q = rows["base"], rows["quant"]
         kld += list((np.exp(base) * (base - q)).sum(axis=1))
         same += list(base.argmax(axis=1) == q.argmax(axis=1))
@@ -249,6 +259,32 @@ def test_stepped_perplexity_matches_an_independent_per_position_computation(tiny
             ctx.decode([(piece[pos], pos, 0, True) for pos in range(start, min(start + step, 64))])
             nll += [-log_softmax(ctx.logits(i))[piece[pos + 1]] for i, pos in enumerate(range(start, min(start + step, 63)))]
     assert result.metrics["ppl"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-6)
+
+
+def test_a_long_chunk_is_decoded_in_llama_perplexity_s_ubatches(tiny, monkeypatch):
+    """A chunk longer than a decode (512 tokens on a CPU) is decoded in pieces of 512 from
+    position 0, as llama-perplexity's ubatches cut it, every job's piece in turn, so no context
+    holds more than one piece's logits (a whole scored half of Gemma 3 at --ctx 8192 was 4.3 GB,
+    twice). Recomputed so, piece by piece, each scored position gives the same NLL; decoded at
+    once, the figure agrees to float32 rounding (llama.cpp's kernels may sum in another order
+    for other batch shapes)."""
+    from kvinject.data import read_text
+    from kvinject.engine.model import Model
+
+    bench = Perplexity(chunks=1, ctx=2048)
+    assert bench.decodes(512) == [(0, 512), (512, 1024), (1024, 1536), (1536, 2048)]
+    (pieces,) = run(tiny, [bench], [CONTROL], runs=1)
+    piece = tiny.tokenize(read_text(None, "encyclopedia"), add_special=True, parse_special=False)[:2048]
+    nll = []
+    with Context(tiny, n_ctx=2048, n_batch=512) as ctx:
+        for start in range(0, 2048, 512):
+            ctx.decode([(piece[pos], pos, 0, pos >= 1024) for pos in range(start, start + 512)])
+            if start >= 1024:
+                nll += [-log_softmax(ctx.logits(i))[piece[pos + 1]] for i, pos in enumerate(range(start, min(start + 512, 2047)))]
+    assert len(nll) == 1023 and pieces.metrics["ppl"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-6)
+    monkeypatch.setattr(Model, "decode_tokens", property(lambda self: 4096))  # the whole chunk in one decode
+    (once,) = run(tiny, [bench], [CONTROL], runs=1)
+    assert once.metrics["ppl"] == pytest.approx(pieces.metrics["ppl"], rel=1e-6)
 
 
 @pytest.mark.parametrize("spec", ["kivi:2,group=8,residual=8", "evict:window,16"])

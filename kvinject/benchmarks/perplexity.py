@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
@@ -144,33 +144,53 @@ class Perplexity(Benchmark):
 
     def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress, golden: Golden | None = None) -> Iterator[RunResult]:
         """Every job chunk by chunk against the control's probabilities, a batch of jobs at a
-        time: each context holds the logits of its scored half (50 MB for 512 tokens of a 49K
+        time: each context holds the logits of one decode (50 MB for 512 tokens of a 49K
         vocabulary), so a profile's 60 jobs at once took 7.7 GB. Each batch recomputes the
         control's probabilities, bit-identical, and its results are yielded when it ends."""
         tokens = self._tokens if self._tokens is not None else self.tokens(model)
         # Stepped chunks decode a few tokens each time: side by side, as generation does.
         n_seq = min(model.chunks_per_decode(self.n_ctx) if not self.options.step else model.parallel, len(self))
         jobs = [(config, run) for config, runs in plan for run in runs]
-        # The logits of a decode (llama.cpp grows its output buffer to the most asked for: the
-        # scored half); stepped decodes ask for few, and their chunks' logits are gathered in two
-        # arrays whatever the jobs. Scoring works on blocks of BLOCK_BYTES.
-        per_context = n_seq * (self.options.step or self.n_ctx - self.n_ctx // 2) * model.n_vocab * 4
+        ranges = self.decodes(model.decode_tokens // n_seq)
+        # llama.cpp grows a context's output buffer to the most logits a decode asks for.
+        per_context = n_seq * max(_asked(a, b, self.n_ctx // 2) for a, b in ranges) * model.n_vocab * 4
         size = max(2, min(MAX_BATCH, CONTEXT_MEMORY // per_context))
         rest = jobs[1:]
         for i in range(0, max(len(rest), 1), size - 1):
-            yield from self._evaluate_batch(model, tokens, n_seq, [jobs[0], *rest[i : i + size - 1]], seed, progress, with_control=i == 0)
+            yield from self._evaluate_batch(model, tokens, n_seq, ranges, [jobs[0], *rest[i : i + size - 1]], seed, progress, with_control=i == 0)
+
+    def decodes(self, span: int) -> list[tuple[int, int]]:
+        """The positions each decode of a chunk takes, [a, b): the whole chunk where it fits
+        ``span`` (llama.cpp's default ubatch, 512 tokens on a CPU, over the chunks decoded
+        together), else pieces of ``span`` from position 0, as llama-perplexity's ubatches cut
+        it; with ``step``, the unscored half so and the scored half STEP positions a decode."""
+        n_ctx, first, step = self.n_ctx, self.n_ctx // 2, self.options.step
+        head = first if step else n_ctx
+        ranges = [(a, min(a + span, head)) for a in range(0, head, span)]
+        return ranges + ([(a, min(a + step, n_ctx)) for a in range(first, n_ctx, step)] if step else [])
 
     def _evaluate_batch(
-        self, model: Model, tokens: list[int], n_seq: int, jobs: list[tuple[Configuration, int]], seed: int, progress: Progress, with_control: bool
+        self,
+        model: Model,
+        tokens: list[int],
+        n_seq: int,
+        ranges: list[tuple[int, int]],
+        jobs: list[tuple[Configuration, int]],
+        seed: int,
+        progress: Progress,
+        with_control: bool,
     ) -> Iterator[RunResult]:
-        """The jobs, the control first; the control's result only ``with_control``."""
+        """The jobs, the control first; the control's result only ``with_control``. Each decode
+        of a chunk is made in every job's context in turn, the control's first, and its rows
+        scored against the control's at once: no context holds more than one decode's logits."""
         n_ctx, first = self.n_ctx, self.n_ctx // 2
-        scored = n_ctx - first  # outputs per chunk; the last predicts past the chunk
         add_bos = ll.llama_vocab_get_add_bos(model.vocab)
+        most = max(_asked(a, b, first) for a, b in ranges)
         tallies = [_Tally() for _ in jobs]
-        scratch = _Scratch(scored - 1, model.n_vocab)
-        bases = [_Base(scored - 1, model.n_vocab) for _ in range(n_seq)] if len(jobs) > 1 else []
-        contexts = [Context(model, c.cache, c.error, c.target, seed=seed, run=r, n_ctx=n_seq * n_ctx, n_seq=n_seq, n_batch=n_seq * n_ctx) for c, r in jobs]
+        scratch = _Scratch(most, model.n_vocab)
+        bases = [_Base(most, model.n_vocab) for _ in range(n_seq)] if len(jobs) > 1 else []
+        n_batch = n_seq * max(b - a for a, b in ranges)
+        contexts = [Context(model, c.cache, c.error, c.target, seed=seed, run=r, n_ctx=n_seq * n_ctx, n_seq=n_seq, n_batch=n_batch) for c, r in jobs]
         try:
             for group in range(0, len(self), n_seq):
                 chunks = range(group, min(group + n_seq, len(self)))
@@ -178,20 +198,31 @@ class Perplexity(Benchmark):
                 if add_bos:
                     for piece in pieces:
                         piece[0] = model.bos
-                entries = [(t, pos, s, pos >= first) for s, piece in enumerate(pieces) for pos, t in enumerate(piece)]
                 targets = [np.array(piece[first + 1 :]) for piece in pieces]
-                for job, (ctx, tally) in enumerate(zip(contexts, tallies)):
-                    start = time.perf_counter()
+                rows = [[_Rows() for _ in pieces] for _ in jobs]
+                for ctx in contexts:
                     ctx.clear()
                     for s, chunk in enumerate(chunks):
                         ctx.begin_item(chunk, s, len(pieces[s]))
-                    logits = self._decode(ctx, entries, len(pieces), scratch, control=job == 0)
-                    for s in range(len(pieces)):
-                        rows = logits[s * scored : (s + 1) * scored - 1]
-                        if job == 0:  # the control, kept for the others to compare with
-                            _score(tally, rows, targets[s], scratch, None, bases[s] if bases else None)
-                        else:
-                            _score(tally, rows, targets[s], scratch, bases[s], None)
+                for a, b in ranges:
+                    entries = [(t, pos, s, pos >= first) for s, piece in enumerate(pieces) for pos, t in enumerate(piece[a:b], a)]
+                    asked, lo, hi = _asked(a, b, first), max(a, first), min(b, n_ctx - 1)  # rows lo..hi-1 predict a token of the chunk
+                    for job, (ctx, tally) in enumerate(zip(contexts, tallies)):
+                        start = time.perf_counter()
+                        ctx.decode(entries)
+                        if hi > lo:
+                            logits = ctx.output_logits(len(pieces) * asked).reshape(len(pieces), asked, -1)
+                            for s in range(len(pieces)):
+                                block = logits[s, : hi - lo], targets[s][lo - first : hi - first], scratch
+                                if job == 0:  # the control, kept for the others to compare with
+                                    _score_rows(rows[job][s], *block, None, bases[s] if bases else None)
+                                else:
+                                    _score_rows(rows[job][s], *block, bases[s], None)
+                        tally.seconds += time.perf_counter() - start
+                for job, tally in enumerate(tallies):
+                    start = time.perf_counter()
+                    for chunk_rows in rows[job]:
+                        _fold(tally, chunk_rows)
                     tally.seconds += time.perf_counter() - start
                     if job or with_control:
                         progress(len(pieces))
@@ -201,24 +232,6 @@ class Perplexity(Benchmark):
         for job, ((config, run), tally, ctx) in enumerate(zip(jobs, tallies, contexts)):
             if job or with_control:
                 yield self._result(config, run, tally, ctx)
-
-    def _decode(self, ctx, entries: list[tuple[int, int, int, bool]], n_seq: int, scratch: _Scratch, control: bool) -> np.ndarray:
-        """The scored logits of ``n_seq`` chunks' entries, sequence by sequence: from one decode,
-        or with ``step`` the unscored half at once and then STEP scored positions a decode."""
-        n_ctx, first = self.n_ctx, self.n_ctx // 2
-        scored = n_ctx - first
-        step = self.options.step
-        if not step:
-            ctx.decode(entries)
-            return ctx.output_logits(n_seq * scored)
-        ctx.decode([e for e in entries if e[1] < first])
-        out = scratch.stepped(n_seq * scored, control)
-        for start in range(first, n_ctx, step):
-            stop = min(start + step, n_ctx)
-            ctx.decode([e for e in entries if start <= e[1] < stop])
-            logits = ctx.output_logits(n_seq * (stop - start)).reshape(n_seq, stop - start, -1)
-            out.reshape(n_seq, scored, -1)[:, start - first : stop - first] = logits
-        return out
 
     def _result(self, config: Configuration, run: int, tally: _Tally, ctx) -> RunResult:
         n = tally.count
@@ -250,6 +263,11 @@ class Perplexity(Benchmark):
         )
 
 
+def _asked(a: int, b: int, first: int) -> int:
+    """Rows of logits a decode of positions [a, b) asks for per chunk: those from ``first`` on."""
+    return max(0, b - max(a, first))
+
+
 class _Scratch:
     """Work arrays for scoring a block of rows at a time, allocated once: a fresh 50 MB array per
     chunk costs more in page faults than the arithmetic (5x, measured right after a decode), and
@@ -261,22 +279,14 @@ class _Scratch:
         self.shifted = np.empty((self.block, n_vocab), dtype=np.float32)
         self.work = np.empty_like(self.shifted)
         self.p = np.empty_like(self.shifted)
-        self._stepped = {role: np.empty((0, n_vocab), dtype=np.float32) for role in (True, False)}
-
-    def stepped(self, rows: int, control: bool) -> np.ndarray:
-        """Room for the scored logits of stepped decodes: the control's own, which the other
-        jobs' comparisons read after their decodes, and one for the others."""
-        if len(self._stepped[control]) < rows:
-            self._stepped[control] = np.empty((rows, self._stepped[control].shape[1]), dtype=np.float32)
-        return self._stepped[control][:rows]
 
 
 class _Base:
-    """The control's scored logits of one chunk, read in place (its context decodes nothing
-    else until every job has been compared with it), and what each row's comparison needs.
-    Its probabilities are kept where they take at most BASE_BYTES, and computed again for each
-    job from the logits where they would take more (a long context's: 4.3 GB for Gemma 3 at
-    --ctx 8192); kept, four jobs' comparisons with it took 28% less time (SmolLM2, 255 rows)."""
+    """The control's scored logits of one decode of a chunk, read in place (its context decodes
+    nothing else until every job has been compared with it), and what each row's comparison
+    needs. Its probabilities are kept where they take at most BASE_BYTES, and computed again for
+    each job from the logits where they would take more (Gemma 3's 262,144-token vocabulary: 512
+    MB for 512 rows); kept, four jobs' comparisons with it took 28% less time (SmolLM2, 255 rows)."""
 
     def __init__(self, rows: int, n_vocab: int):
         self.p = np.empty((rows, n_vocab), dtype=np.float32) if rows * n_vocab * 4 <= BASE_BYTES else None
@@ -291,21 +301,34 @@ class _Base:
         return np.exp(out, out=out)
 
 
-def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, scratch: _Scratch, base: _Base | None, keep: _Base | None) -> None:
-    """Fold one chunk's scored logits into ``tally``, compared with the control's ``base``
+@dataclass
+class _Rows:
+    """One job's figures of each scored row of one chunk, gathered over its decodes and folded
+    into the tally when the chunk ends (:func:`_fold`), so that a chunk decoded in pieces sums
+    as one decoded at once."""
+
+    logp_target: list[np.ndarray] = field(default_factory=list)
+    kld: list[np.ndarray] = field(default_factory=list)
+    same: list[np.ndarray] = field(default_factory=list)
+    dp: list[np.ndarray] = field(default_factory=list)
+    nonfinite: bool = False
+    compared: bool = True  # every row had a valid control to compare with
+
+
+def _score_rows(rows: _Rows, logits: np.ndarray, targets: np.ndarray, scratch: _Scratch, base: _Base | None, keep: _Base | None) -> None:
+    """Score one decode's rows of a chunk into ``rows``, compared with the control's ``base``
     when valid; fill ``keep`` for the other jobs to compare with. As in llama-perplexity,
     exponentials are float32 and sums float64; rows are scored a block at a time, each row's
     figures as from the whole chunk at once."""
     top = logits.max(axis=1, keepdims=True)
-    if not (np.isfinite(top).all() and np.isfinite(logits.min(axis=1)).all()):
-        tally.nonfinite += 1
-        for chunks in (tally.chunk_nll, tally.chunk_kld, tally.chunk_same_top, tally.chunk_dp2):
-            chunks.append(math.nan)
+    if rows.nonfinite or not (np.isfinite(top).all() and np.isfinite(logits.min(axis=1)).all()):
+        rows.nonfinite = True
         if keep is not None:
             keep.valid = False
         return
     n = len(targets)
     compare = base is not None and base.valid
+    rows.compared &= compare
     lse, logp_target, argmax = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64)
     cross = np.empty(n) if compare else None
     if keep is not None:
@@ -325,24 +348,47 @@ def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, scratch: _Scr
             p = np.exp(logp, out=scratch.p[: hi - lo] if keep.p is None else keep.p[lo:hi])
             keep.p_sum[lo:hi] = p.sum(axis=1, dtype=np.float64)
             keep.neg_entropy[lo:hi] = np.multiply(p, logp, out=scratch.work[: hi - lo]).sum(axis=1, dtype=np.float64)
-    nll = -logp_target
+    rows.logp_target.append(logp_target)
+    if compare:
+        rows.kld.append(base.neg_entropy - cross + lse * base.p_sum)
+        rows.same.append(base.argmax == argmax)
+        rows.dp.append(np.exp(logp_target) - np.exp(base.logp_target))
+    if keep is not None:
+        keep.argmax, keep.logp_target, keep.valid = argmax, logp_target, True
+
+
+def _fold(tally: _Tally, rows: _Rows) -> None:
+    """Fold a chunk's scored rows into ``tally``: its NLL, and where every row was compared with
+    the control's, its KL divergence, same top and Δp; a chunk with a row of NaN or Inf counts
+    as non-finite and gives NaN items."""
+    if rows.nonfinite:
+        tally.nonfinite += 1
+        for chunks in (tally.chunk_nll, tally.chunk_kld, tally.chunk_same_top, tally.chunk_dp2):
+            chunks.append(math.nan)
+        return
+    nll = -np.concatenate(rows.logp_target)
     tally.nll += float(nll.sum())
     tally.nll2 += sumsq(nll)
     tally.count += len(nll)
     tally.chunk_nll.append(float(nll.mean()))
-    if not compare:
+    if not rows.compared:
         for chunks in (tally.chunk_kld, tally.chunk_same_top, tally.chunk_dp2):
             chunks.append(math.nan)
-    else:
-        kld = base.neg_entropy - cross + lse * base.p_sum
-        tally.kld += float(kld.sum())
-        tally.chunk_kld.append(float(kld.mean()))
-        same = int(np.count_nonzero(base.argmax == argmax))
-        dp2 = sumsq(np.exp(logp_target) - np.exp(base.logp_target))
-        tally.same_top += same
-        tally.dp2 += dp2
-        tally.compared += len(targets)
-        tally.chunk_same_top.append(same / len(targets))
-        tally.chunk_dp2.append(dp2 / len(targets))
-    if keep is not None:
-        keep.argmax, keep.logp_target, keep.valid = argmax, logp_target, True
+        return
+    kld = np.concatenate(rows.kld)
+    tally.kld += float(kld.sum())
+    tally.chunk_kld.append(float(kld.mean()))
+    same = int(np.count_nonzero(np.concatenate(rows.same)))
+    dp2 = sumsq(np.concatenate(rows.dp))
+    tally.same_top += same
+    tally.dp2 += dp2
+    tally.compared += len(nll)
+    tally.chunk_same_top.append(same / len(nll))
+    tally.chunk_dp2.append(dp2 / len(nll))
+
+
+def _score(tally: _Tally, logits: np.ndarray, targets: np.ndarray, scratch: _Scratch, base: _Base | None, keep: _Base | None) -> None:
+    """One chunk's scored logits in one piece, scored and folded (:func:`_score_rows`, :func:`_fold`)."""
+    rows = _Rows()
+    _score_rows(rows, logits, targets, scratch, base, keep)
+    _fold(tally, rows)

@@ -149,12 +149,18 @@ class Model:
             return self.backend.parallel
         return GPU_PARALLEL if self.offloaded else CPU_PARALLEL
 
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens a perplexity decode takes: llama.cpp's default ubatch (512) on CPU, its default
+        batch (2048) on a GPU."""
+        return 2048 if self.offloaded else 512
+
     def chunks_per_decode(self, n_ctx: int) -> int:
         """Perplexity chunks of n_ctx tokens decoded together: --parallel, else as many as fill
-        llama.cpp's default ubatch (512 tokens) on CPU, or its default batch (2048) on a GPU."""
+        :attr:`decode_tokens`."""
         if self.backend.parallel is not None:
             return self.backend.parallel
-        return max(1, (2048 if self.offloaded else 512) // n_ctx)
+        return max(1, self.decode_tokens // n_ctx)
 
     def close(self) -> None:
         if self._ptr:

@@ -172,9 +172,14 @@ class Evict(CacheResident):
     def after_decode(self, cache: ResidentCache, grown: list[tuple[int, int, int]]) -> None:
         way = self.way
         for seq, n0, n1 in grown:
+            state = cache.state(seq)
+            if state.get("cut for good"):  # decode=0 after its one cut: nothing more is scored
+                continue
             held = cache.held(seq)
             way.observe(cache, seq, held, n0, n1)  # scores accumulate at every decode
-            if cache.asked(seq) and self._due(cache, seq, n1) and len(held) > self.kept(n1):  # not within a prompt; every asking decode counts
+            due = cache.asked(seq) and self._due(cache, seq, n1)  # not within a prompt; every asking decode counts
+            state["cut for good"] = due and self.decode == 0
+            if due and len(held) > self.kept(n1):
                 if self.alloc is not None:
                     self._allocate(cache, seq, held, way.head_scores(cache, seq, held), self.kept(n1))
                     continue

@@ -7,8 +7,11 @@ processes, taking turns (llama-perplexity, kvinject, llama-perplexity, ...), so 
 speed drifts weighs on both alike. Time is the evaluation of the chunks: llama-perplexity's from
 its log timestamps (start of the chunk loop to the final estimate), kvinject's from its record
 (`seconds`). Peak memory is each process's maximum resident set (``wait4``). llama-perplexity
-runs with ``--no-repack``: kvinject loads weights without repacking them (docs/perplexity.md),
-so the two compute alike and their PPL must agree to the digit, which is checked.
+runs with ``--no-repack`` and ``--swa-full``: kvinject loads weights without repacking them
+(docs/perplexity.md) and keeps a full-size cache for sliding-window layers, so the two compute
+alike and their PPL must agree to the digit, which is checked. (llama-perplexity's default
+sliding-window cache of window + ubatch cells sums attention over fewer cells, in another order:
+Gemma 3 270M at 8192 tokens gives 21.2993 so, 21.2864 with --swa-full, as kvinject.)
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def measured(argv: list[str | Path]) -> tuple[str, str, float]:
 
 
 def llama_perplexity(tool: Path, model: Path, data: Path, ctx: int, chunks: int, threads: int) -> tuple[float, float, float]:
-    out, err, peak = measured([tool, "-m", model, "-f", data, "-c", ctx, "--chunks", chunks, "-t", threads, "-ngl", 0, "--no-repack"])
+    argv = [tool, "-m", model, "-f", data, "-c", ctx, "--chunks", chunks, "-t", threads, "-ngl", 0, "--no-repack", "--swa-full"]
+    out, err, peak = measured(argv)
     log = out + err
     seconds = stamp_before(log, "Final estimate") - stamp_before(log, "perplexity: calculating perplexity over")
     return float(re.search(r"Final estimate: PPL = ([\d.]+)", log)[1]), seconds, peak
@@ -67,7 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     tool = find_tool("llama-perplexity", args.tools)
     path = resolve_model(args.model)
-    print(f"model {path.name}, {args.threads} threads, llama-perplexity --no-repack; medians of {args.repeats}, whole processes taking turns")
+    print(f"model {path.name}, {args.threads} threads, llama-perplexity --no-repack --swa-full; medians of {args.repeats}, whole processes taking turns")
     print(f"{'ctx':>6}{'chunks':>7}{'PPL':>10}{'llama s':>9}{'kvinject s':>11}{'speed':>7}{'llama GB':>10}{'kvinject GB':>12}{'memory':>8}")
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(args.data) if args.data else Path(tmp) / "corpus.txt"

@@ -74,7 +74,7 @@ class PerplexityOptions(Options):
 # Contexts computed side by side: at most MAX_BATCH, and as many as CONTEXT_MEMORY holds.
 MAX_BATCH = 16
 CONTEXT_MEMORY = 2 << 30
-BLOCK_BYTES = 64 << 20  # rows of logits scored at once: float32 work arrays of this size
+BLOCK_BYTES = 16 << 20  # rows of logits scored at once: float32 work arrays of this size (85 rows of SmolLM2, 16 of Gemma 3)
 BASE_BYTES = 256 << 20  # the control's probabilities of a chunk kept up to this size (_Base)
 
 
@@ -279,7 +279,15 @@ class _Scratch:
         self.block = max(1, min(rows, BLOCK_BYTES // (4 * n_vocab)))
         self.shifted = np.empty((self.block, n_vocab), dtype=np.float32)
         self.work = np.empty_like(self.shifted)
-        self.p = np.empty_like(self.shifted)
+        self._p: np.ndarray | None = None
+
+    @property
+    def p(self) -> np.ndarray:
+        """Room for a block's probabilities, which only comparisons with the control use: a
+        control evaluated alone never allocates it."""
+        if self._p is None:
+            self._p = np.empty_like(self.shifted)
+        return self._p
 
 
 class _Base:

@@ -95,9 +95,9 @@ class Perplexity(Benchmark):
         super().check(config, options)
         if isinstance(config.error, CacheResident) and not (isinstance(options, PerplexityOptions) and options.step):
             raise SpecError(
-                f"'{config.error.spec}' changes the cache between decodes, and perplexity decodes a chunk at once (a long one in pieces "
-                "of 512 tokens), so its scored tokens read none of the change, or what the pieces' boundaries let them: give --step N (the scored half N tokens "
-                "a decode; 1: token by token)"
+                f"'{config.error.spec}' changes the cache between decodes, and perplexity decodes a chunk at once (a long one in "
+                "pieces of 512 tokens), so its scored tokens read none of the change, or what the pieces' boundaries let them: "
+                "give --step N (the scored half N tokens a decode; 1: token by token)"
             )
 
     def load(self) -> None:

@@ -15,7 +15,12 @@ from .render import console, print_table
 
 
 def report(
-    stores: Annotated[list[Path], typer.Argument(help="Results stores written by kvinject sweep (shards are merged), run folders of sweep --slurm, or the JSON files of kvinject run --output.")],
+    stores: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Results stores written by kvinject sweep (shards are merged), run folders of sweep --slurm, or the JSON files of kvinject run --output."
+        ),
+    ],
     output_format: Annotated[str, typer.Option("--format", help="table, markdown, csv, json or latex.")] = "table",
     filters: Annotated[
         Optional[list[str]], typer.Option("--filter", help="Keep records whose setting KEY equals VALUE, e.g. bench=ifeval, target=k, cache_v=q8_0.")

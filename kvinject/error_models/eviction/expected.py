@@ -49,7 +49,7 @@ class Expected(Method):
         state = cache.state(seq)
         state["count"] = state.get("count", 0) + q.shape[1]
         state["sum"] = state.get("sum", 0) + q.sum(axis=1)
-        by_head = q.transpose(0, 2, 1, 3)  # (layers, heads, rows, dim): matmul sums through BLAS, 30x an einsum on Gemma 3
+        by_head = q.transpose(0, 2, 1, 3)  # (layers, heads, rows, dim): matmul sums through BLAS, 4x faster than einsum here (Gemma 3, 2K prompt)
         state["outer"] = state.get("outer", 0) + by_head.transpose(0, 1, 3, 2) @ by_head
 
     def head_scores(self, cache, seq, held):

@@ -3,7 +3,6 @@ holds them, so that ``kvinject report`` reads a run's file as it reads a sweep's
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 from ..benchmarks.base import Benchmark, RunResult
 from ..exceptions import KvinjectError
+from ..experiments.grid import settings_key
 from .aggregate import aggregate
 
 
@@ -42,7 +42,7 @@ def output_records(path: Path) -> list[dict[str, Any]]:
     """The records of a ``kvinject run --output`` file, each with the settings a sweep stores
     beside it (:meth:`kvinject.experiments.sweep.Sweep._evaluate`): the model by content, the
     bench's options, the configuration, the seed, and whether it is the control (the first
-    configuration). Its cell key is a hash of those settings, so a file given twice counts once."""
+    configuration). Its cell key is the store's (:func:`settings_key`), so a file given twice counts once."""
     if not Path(path).is_file():
         raise KvinjectError(f"no run output at {path}")
     try:
@@ -63,7 +63,7 @@ def output_records(path: Path) -> list[dict[str, Any]]:
             **configs[record["label"]],
             "seed": meta["seed"],
         }
-        cell = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:20]
+        cell = settings_key(settings)
         settings |= {"model": meta["model"], "control": record["label"] == control, "label": record["label"]}
         out.append({"cell": cell, "run": record["run"], "settings": settings, **record})
     return out

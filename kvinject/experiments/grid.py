@@ -55,6 +55,12 @@ SWEEP_KEYS = {
 }
 
 
+def settings_key(settings: dict[str, Any]) -> str:
+    """A results store's key of a cell: a hash of what determines its results (:meth:`Cell.settings`)."""
+    blob = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
 @dataclass(frozen=True)
 class Cell:
     """One point of the grid: a model, a bench with its options, and one configuration."""
@@ -83,8 +89,7 @@ class Cell:
         }
 
     def key(self, model_sha256: str) -> str:
-        blob = json.dumps(self.settings(model_sha256), sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+        return settings_key(self.settings(model_sha256))
 
     @property
     def group(self) -> tuple[Any, ...]:

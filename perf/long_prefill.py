@@ -1,17 +1,17 @@
-"""Prefill and decode at long context: with the K/V hook against without it, and against
-llama-batched-bench, interleaved.
+"""Long-prompt generation: prefill and decode at long context with the K/V hook against without
+it, and against llama-batched-bench, interleaved.
 
-    python perf/long_prefill.py [--model M] [--length 8192] [--steps 32] [--repeats 3]
-                                      [--errors normal:0,0.25 ...] [--tools DIR]
+    python perf/long_prefill.py [--model M] [--length 8192] [--steps 32] [--sequences 1]
+                                [--repeats 3] [--errors normal:0,0.25 ...] [--tools DIR]
 
-One context per configuration, each of --length + --steps cells. Each repeat empties them,
-prefills the same --length tokens of the bundled encyclopedia in n_batch pieces, the
-configurations taking turns piece by piece (so that this machine's drift falls on all alike),
-then decodes --steps tokens after it, again in turns. Ratios, one per repeat: the clean
-run's time over the configuration's (below 1: what the hook costs). With llama-batched-bench
-found (--tools, $LLAMA_TOOLS or PATH), its prompt speed at the same length (-npp, one
-sequence, the same batch sizes) is run before each repeat and compared with kvinject's clean
-prefill.
+One context per configuration, of --sequences x (--length + --steps) cells. Each repeat empties
+them, prefills each sequence with the same --length tokens of the bundled encyclopedia in
+n_batch pieces, the configurations taking turns piece by piece (so that this machine's drift
+falls on all alike), then decodes --steps tokens after them, every sequence's in one decode,
+again in turns: llama-batched-bench's work for -npp --length -ntg --steps -npl --sequences.
+Ratios, one per repeat: the clean run's time over the configuration's (below 1: what the hook
+costs). With llama-batched-bench found (--tools, $LLAMA_TOOLS or PATH), it runs that row
+before each repeat, and its prompt speed and whole time are compared with kvinject's clean run.
 """
 
 from __future__ import annotations
@@ -37,36 +37,40 @@ def text_tokens(model: Model, length: int) -> list[int]:
     return (tokens * (length // len(tokens) + 1))[:length]
 
 
-def repeat(model: Model, contexts: dict, tokens: list[int], steps: int) -> tuple[dict[str, float], dict[str, float]]:
+def repeat(contexts: dict, tokens: list[int], steps: int, sequences: int) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds of prefill and of --steps decodes per configuration, taking turns."""
     prefill = dict.fromkeys(contexts, 0.0)
     decode = dict.fromkeys(contexts, 0.0)
-    for ctx in contexts.values():
-        ctx.begin_item(0, 0)
-    for start in range(0, len(tokens), N_BATCH):
-        piece = tokens[start : start + N_BATCH]
-        entries = [(t, start + j, 0, start + j == len(tokens) - 1) for j, t in enumerate(piece)]
+    for seq in range(sequences):
+        for ctx in contexts.values():
+            ctx.begin_item(seq, seq)
+        for start in range(0, len(tokens), N_BATCH):
+            piece = tokens[start : start + N_BATCH]
+            entries = [(t, start + j, seq, start + j == len(tokens) - 1) for j, t in enumerate(piece)]
+            for spec, ctx in contexts.items():
+                t0 = time.perf_counter()
+                ctx.decode(entries)
+                prefill[spec] += time.perf_counter() - t0
+    for i in range(steps):
+        entries = [(tokens[i], len(tokens) + i, seq, True) for seq in range(sequences)]
         for spec, ctx in contexts.items():
             t0 = time.perf_counter()
             ctx.decode(entries)
-            prefill[spec] += time.perf_counter() - t0
-    for i in range(steps):
-        entry = [(tokens[i], len(tokens) + i, 0, True)]
-        for spec, ctx in contexts.items():
-            t0 = time.perf_counter()
-            ctx.decode(entry)
             decode[spec] += time.perf_counter() - t0
     return prefill, decode
 
 
-def batched_bench_pp(tool, model: Model, length: int) -> float:
-    """llama-batched-bench's prompt speed (S_PP t/s) for one sequence of ``length`` tokens."""
+def batched_bench(tool, model: Model, length: int, steps: int, sequences: int) -> tuple[float, float]:
+    """llama-batched-bench's prompt speed (S_PP t/s) and whole time (T s) for --sequences of
+    ``length`` prompt tokens and ``steps`` generated."""
     out = run_tool(
-        [tool, "-m", model.path, "-t", model.backend.n_threads, "-ngl", model.n_gpu_layers, "-c", length + 64, "-b", N_BATCH, "-ub", N_BATCH]
-        + ["-npp", length, "-ntg", 1, "-npl", 1, "-ctk", "f16", "-ctv", "f16"]
+        [tool, "-m", model.path, "-t", model.backend.n_threads, "-ngl", model.n_gpu_layers, "-b", N_BATCH, "-ub", N_BATCH]
+        + ["-c", sequences * (length + steps + 64), "-npp", length, "-ntg", steps, "-npl", sequences, "-ctk", "f16", "-ctv", "f16"]
+        + ["--no-repack", "--swa-full"]  # as kvinject loads weights and sizes sliding-window caches
     )
-    row = next(line for line in out.splitlines() if re.match(rf"\|\s+{length}\s+\|\s+1\s+\|\s+1\s+\|", line))
-    return float(row.strip("|").split("|")[5])  # PP, TG, B, N_KV, T_PP s, S_PP t/s
+    row = next(line for line in out.splitlines() if re.match(rf"\|\s+{length}\s+\|\s+{steps}\s+\|\s+{sequences}\s+\|", line))
+    cells = row.strip("|").split("|")  # PP, TG, B, N_KV, T_PP s, S_PP t/s, T_TG s, S_TG t/s, T s, S t/s
+    return float(cells[5]), float(cells[8])
 
 
 def main() -> None:
@@ -75,6 +79,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--length", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--sequences", type=int, default=1, help="sequences prefilled one after the other, then decoded together")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--errors", nargs="+", default=ERRORS, help="error specs compared with none")
     ap.add_argument("--tools", help="folder holding llama-batched-bench (else $LLAMA_TOOLS or PATH; skipped when absent)")
@@ -86,29 +91,36 @@ def main() -> None:
     except SystemExit:
         tool = None
     specs = ["none", *args.errors]
-    contexts = {s: Context(model, error=parse_error(s), n_ctx=args.length + args.steps + 64, n_batch=N_BATCH) for s in specs}
-    print(f"model {model.path.name}, {model.backend.n_threads} threads, prefill of {args.length} tokens then {args.steps} decodes, {args.repeats} repeats")
+    n_ctx = args.sequences * (args.length + args.steps + 64)
+    contexts = {s: Context(model, error=parse_error(s), n_ctx=n_ctx, n_seq=args.sequences, n_batch=N_BATCH) for s in specs}
+    print(
+        f"model {model.path.name}, {model.backend.n_threads} threads, {args.sequences} sequence(s): prefill of {args.length} tokens "
+        f"each, then {args.steps} decodes; {args.repeats} repeats"
+    )
     runs, reference = [], []
     try:
         for _ in range(args.repeats):
             if tool is not None:
-                reference.append(batched_bench_pp(tool, model, args.length))
-            runs.append(repeat(model, contexts, tokens, args.steps))
+                reference.append(batched_bench(tool, model, args.length, args.steps, args.sequences))
+            runs.append(repeat(contexts, tokens, args.steps, args.sequences))
     finally:
         for ctx in contexts.values():
             ctx.close()
-    clean_pp = [args.length / prefill["none"] for prefill, _ in runs]
+    prompt = args.length * args.sequences
+    clean_pp = [prompt / prefill["none"] for prefill, _ in runs]
     print(f"{'':<18}{'prefill tok/s':>14}{'ms/decode':>11}  ratios to none (prefill; decode): median (min, max) over repeats")
     for spec in specs:
-        pp = [args.length / prefill[spec] for prefill, _ in runs]
+        pp = [prompt / prefill[spec] for prefill, _ in runs]
         ms = [decode[spec] / args.steps * 1e3 for _, decode in runs]
         line = f"{spec:<18}{sorted(pp)[len(pp) // 2]:>14.1f}{sorted(ms)[len(ms) // 2]:>11.2f}"
         if spec != "none":
             line += f"  {spread([p['none'] / p[spec] for p, _ in runs])}; {spread([d['none'] / d[spec] for _, d in runs])}"
         print(line)
     if reference:
-        print(f"{'llama-batched-bench':<18}{sorted(reference)[len(reference) // 2]:>14.1f}")
-        print(f"kvinject clean prefill / llama-batched-bench, paired per repeat: {spread([k / r for k, r in zip(clean_pp, reference)])}")
+        clean = [p["none"] + d["none"] for p, d in runs]
+        print(f"{'llama-batched-bench':<18}{sorted(r for r, _ in reference)[len(reference) // 2]:>14.1f}")
+        print(f"kvinject clean / llama-batched-bench, paired per repeat: prefill speed {spread([k / r for k, (r, _) in zip(clean_pp, reference)])}")
+        print(f"  whole run (prefill and decodes) speed {spread([t / k for k, (_, t) in zip(clean, reference)])}")
 
 
 if __name__ == "__main__":

@@ -215,11 +215,8 @@ class ResidentCache:
         if self._hidden is None or not len(held):
             return float(len(held))
         layers = np.arange(self._n_layer)
-        cells = self._seqs[seq].cells[held].T
-        hidden = self._hidden.table[layers[:, None], :, cells]  # (layers, tokens, KV heads)
-        # A cell a sliding-window layer has given to a newer token holds that one's flags.
-        owned = self._owner[layers[:, None], cells] == seq << 32 | held
-        return len(held) - float(hidden[owned].sum()) / (self._n_layer * self._n_head_kv)
+        hidden = self._hidden.table[layers[:, None], :, self._seqs[seq].cells[held].T]  # (layers, tokens, KV heads)
+        return len(held) - float(hidden.sum()) / (self._n_layer * self._n_head_kv)
 
     def attention(self, seq: int) -> np.ndarray:
         """The attention of this decode's rows of ``seq`` on each token it held during the

@@ -1,4 +1,5 @@
-"""Numbers as users type them, read one way everywhere (error specs, bench options, grids).
+"""Values as users type them, read one way everywhere (error specs, bench options, grids,
+lm-eval's --model_args): the one parser of a dataclass field's value.
 
 Python's int() and float() accept more than a user means: "1_000", "nan", "inf", " 5 ".
 Here a number is plain decimal (an optional sign, digits, a point, an exponent) and finite.
@@ -8,9 +9,12 @@ from __future__ import annotations
 
 import math
 import re
+import typing
+from typing import Any
 
 from .exceptions import SpecError
 
+_BOOL = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
 _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
@@ -35,3 +39,31 @@ def parse_float(name: str, value: object) -> float:
     if not math.isfinite(number):
         raise SpecError(f"{name} must be a finite number, got {value!r}")
     return number
+
+
+def optional(hint: Any) -> tuple[Any, bool]:
+    """The type inside ``X | None``, and whether None is allowed."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return inner, True
+    return hint, False
+
+
+def parse_scalar(name: str, typ: type, value: object) -> object:
+    """A bool, int, float or non-empty str from itself or the text a user typed for it."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _BOOL:
+            return _BOOL[value.strip().lower()]
+        raise SpecError(f"{name} must be true or false, got {value!r}")
+    if typ is int:
+        return parse_int(name, value)
+    if typ is float:
+        return parse_float(name, value)
+    if typ is str:
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+        raise SpecError(f"{name} must be a non-empty string, got {value!r}")
+    raise TypeError(f"fields of type {typ} are not supported")  # a plug-in author's mistake

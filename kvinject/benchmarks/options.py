@@ -13,9 +13,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any, Mapping
 
 from ..exceptions import SpecError
-from ..values import parse_float, parse_int
-
-_BOOL = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
+from ..values import optional, parse_scalar
 
 
 def option(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
@@ -63,7 +61,7 @@ def flag(name: str) -> str:
 
 def value_type(options: type[Options], name: str) -> tuple[type, bool]:
     """The scalar type of an option, and whether it takes a list of them."""
-    base, _ = _base(typing.get_type_hints(options)[name])
+    base, _ = optional(typing.get_type_hints(options)[name])
     if typing.get_origin(base) is tuple:
         return typing.get_args(base)[0], True
     return base, False
@@ -84,17 +82,8 @@ def shown_default(f: Field) -> str:
     return "-" if f.default is None or f.default == () else ",".join(map(str, f.default)) if isinstance(f.default, tuple) else str(f.default)
 
 
-def _base(hint: Any) -> tuple[Any, bool]:
-    """The type inside ``X | None``, and whether None is allowed."""
-    args = typing.get_args(hint)
-    if type(None) in args:
-        (inner,) = [a for a in args if a is not type(None)]
-        return inner, True
-    return hint, False
-
-
 def _convert(name: str, f: Field, hint: Any, value: Any) -> Any:
-    base, _ = _base(hint)
+    base, _ = optional(hint)
     if typing.get_origin(base) is tuple:
         (element, _) = typing.get_args(base)
         if isinstance(value, str):
@@ -103,31 +92,13 @@ def _convert(name: str, f: Field, hint: Any, value: Any) -> Any:
             raise SpecError(f"{name} takes a list (comma-separated on the command line), got {value!r}")
         # "a,b", ["a", "b"] and, from a repeated flag, ["a,b", "c"] alike
         parts = [q for p in value for q in (p.split(",") if isinstance(p, str) else [p])]
-        items = tuple(_scalar(name, element, p.strip() if isinstance(p, str) else p) for p in parts if p != "")
+        items = tuple(parse_scalar(name, element, p.strip() if isinstance(p, str) else p) for p in parts if p != "")
         for item in items:
             _check(name, f, item)
         return items
-    converted = _scalar(name, base, value)
+    converted = parse_scalar(name, base, value)
     _check(name, f, converted)
     return converted
-
-
-def _scalar(name: str, typ: type, value: Any) -> Any:
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in _BOOL:
-            return _BOOL[value.strip().lower()]
-        raise SpecError(f"{name} must be true or false, got {value!r}")
-    if typ is int:
-        return parse_int(name, value)
-    if typ is float:
-        return parse_float(name, value)
-    if typ is str:
-        if isinstance(value, str) and value.strip():
-            return value.strip()
-        raise SpecError(f"{name} must be a non-empty string, got {value!r}")
-    raise TypeError(f"options of type {typ} are not supported")  # a benchmark author's mistake
 
 
 def _number(value: float) -> str:

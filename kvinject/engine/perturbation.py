@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 import numpy as np
 
 from ..exceptions import SpecError
-from ..values import parse_float, parse_int
+from ..values import optional, parse_scalar
 from .variates import Draws, Variates
 
 if TYPE_CHECKING:
@@ -177,12 +177,8 @@ def _fmt(value: object) -> str:
 
 def _convert(model: str, field: str, typ: object, text: str) -> object:
     if isinstance(typ, str):  # annotations are strings here; "int | None" is an optional int
-        typ = {"float": float, "int": int, "str": str}.get(typ.removesuffix(" | None"), typ)
-    if typ is int:
-        return parse_int(f"'{model}': {field}", text)
-    if typ is float:
-        return parse_float(f"'{model}': {field}", text)
-    return text
+        typ = {"bool": bool, "float": float, "int": int, "str": str}.get(typ.removesuffix(" | None"), typ)
+    return parse_scalar(f"'{model}': {field}", optional(typ)[0], text)
 
 
 class Multiplicative(ErrorModel):

@@ -3,12 +3,14 @@ configuration by kvinject's own parsers, before any model loads."""
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, fields
 
 from ..engine.options import BackendOptions, CacheOptions
 from ..engine.target import Target
 from ..error_models.configuration import Configuration
 from ..exceptions import SpecError
+from ..values import optional, parse_scalar
 
 # lm-eval passes these to every model (its --batch_size, --max_batch_size, --device): kvinject
 # decodes `parallel` sequences together and runs where llama.cpp's backend does.
@@ -42,16 +44,15 @@ class Settings:
         unknown = sorted(set(values) - set(names) - LM_EVAL_OWN)
         if unknown:
             raise SpecError(f"--model_args: kvinject takes no '{unknown[0]}'; it takes {', '.join(names)}")
+        hints = typing.get_type_hints(cls)
         given = {}
         for key, value in values.items():
             if key in LM_EVAL_OWN or value is None:
                 continue
-            kind = names[key].type
-            if "int" in kind and not (isinstance(value, int) and not isinstance(value, bool)):
-                raise SpecError(f"--model_args: {key} must be an integer, got {value!r}")
-            if kind == "bool" and not isinstance(value, bool):
-                raise SpecError(f"--model_args: {key} must be true or false, got {value!r}")
-            given[key] = value if "int" in kind or kind == "bool" else str(value)
+            kind = optional(hints[key])[0]
+            if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = str(value)  # lm-eval reads layers=5 as a number
+            given[key] = parse_scalar(f"--model_args: {key}", kind, value)
         settings = cls(**given)
         if settings.max_length < 2:
             raise SpecError(f"--model_args: max_length must be at least 2 tokens, got {settings.max_length}")

@@ -210,7 +210,7 @@ def test_a_token_decoded_after_the_cut_is_hidden_from_no_head_where_a_sliding_wi
     with Model("gemma3-270m") as gemma:
         tokens = gemma.tokenize(" ".join(f"{PROMPT} ({i})." for i in range(40)))[:700]
         n = len(tokens)
-        assert gemma.n_swa < n, "the prompt must outrun the window"
+        assert 0 < ll.llama_model_n_swa(gemma.ptr) < n, "the prompt must outrun the window"
         ctx = Context(gemma, CacheOptions("f16", "f16", "off"), parse_error("evict:keydiff,0.25,alloc=pyramid,decode=0"), n_ctx=1024)
         cache = ctx.resident
         ctx.prefill(tokens)

@@ -234,11 +234,6 @@ class Model:
         return ll.llama_model_n_ctx_train(self._ptr)
 
     @cached_property
-    def n_swa(self) -> int:
-        """The sliding window of the model's sliding-window layers (Gemma 3: 512); 0 without any."""
-        return ll.llama_model_n_swa(self._ptr)
-
-    @cached_property
     def description(self) -> str:
         buf = ctypes.create_string_buffer(256)
         ll.llama_model_desc(self._ptr, buf, len(buf))

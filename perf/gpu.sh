@@ -6,13 +6,15 @@
 # figures of docs/performance.md's "GPU" section:
 #   - hook overhead, normal:0,0.25 against none, interleaved decode by decode, 1/8/32/64 sequences
 #   - perplexity, kvinject against llama-perplexity (same build, same model and text)
-#   - generation, kvinject against llama-batched-bench, 8 sequences
+#   - where the hook's time goes (graph splits, CUDA graphs, the Python side)
+#   - generation, kvinject against llama-batched-bench, 8 sequences, and 4096-token prompts
 # The model is SmolLM2-135M's shape and tensor types with random weights and its tokenizer
 # (tests/tiny_model.py): the real file is 98 MB, more than travels with the payload, and speed
 # does not depend on the weights' values.
 #
 #   bash perf/gpu.sh [OUT]     (OUT: where the logs go; default ./gpu-out)
-# Environment: CUDA_ARCH (default 90, Hopper), GPU_SKIP_BUILD=1 to reuse /tmp/kvgpu/build.
+# Environment: CUDA_ARCH (default 90, Hopper), GPU_SKIP_BUILD=1 to reuse /tmp/kvgpu/build/bin,
+# GPU_PACK_BUILD=1 to pack it into OUT (build.tar.xz.aa, .ab, ...: `cat` them and untar in /tmp/kvgpu).
 set -uo pipefail
 out=${1:-${OUT:-gpu-out}}
 mkdir -p "$out"
@@ -30,14 +32,14 @@ nvcc --version | tail -1
 $py -c "import sys, numba, numpy; print(sys.version.split()[0], 'numba', numba.__version__, 'numpy', numpy.__version__)"
 nproc
 
+rm -rf "$work/src" && mkdir -p "$work/src" && tar xJf .gpu/llama-src.tar.xz -C "$work/src"
 if [ "${GPU_SKIP_BUILD:-0}" != 1 ]; then
     step "build llama.cpp with CUDA (sm_${CUDA_ARCH:-90})"
-    rm -rf "$work/src" && mkdir -p "$work/src" && tar xJf .gpu/llama-src.tar.xz -C "$work/src"
     cmake -S "$work/src/llama.cpp" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=ON \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-    time timeout 330 cmake --build "$work/build" -j "$(nproc)" --target llama llama-perplexity llama-batched-bench >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+    time timeout 300 cmake --build "$work/build" -j "$(nproc)" --target llama llama-perplexity llama-batched-bench >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
     rm -f "$out/cmake.log" "$out/build.log"  # only 8 files come back from a device run
 fi
 
@@ -78,11 +80,23 @@ grep -v "^  File \"/opt\|^  File \"<frozen" "$out/tests.log" | tail -40
 
 tools=$work/build/bin
 step "hook overhead: normal:0,0.25 against none, decode by decode"
-timeout 40 $py perf/hook_overhead.py --sequences 1 8 32 64 --steps 100 --errors normal:0,0.25 quant:4 2>&1 | tee "$out/hook.log" | tail -12
-step "hook overhead with the copy to the host and back instead of the kernels"
-KVINJECT_DEVICE_KERNELS=0 timeout 30 $py perf/hook_overhead.py --sequences 1 8 32 64 --steps 100 --errors normal:0,0.25 2>&1 | tee "$out/hook-copy.log" | tail -8
-step "perplexity: kvinject against llama-perplexity"
-timeout 60 $py perf/perplexity_speed.py --tools "$tools" --ctx 512 --chunks 16 --repeats 3 2>&1 | tee "$out/perplexity.log" | tail -14
+timeout 40 $py perf/hook_overhead.py --sequences 1 8 32 64 --steps 100 --errors normal:0,0.25 quant:4 2>&1 | tee "$work/hook.log" | tail -12
+step "where the hook's time goes: no hook, claims only (the graph splits), the full hook"
+timeout 45 $py perf/hook_breakdown.py --steps 60 --prefills 6 2>&1 | tee "$work/breakdown.log" | tail -6
+step "the same with CUDA graphs off (GGML_CUDA_DISABLE_GRAPHS): what the splits cost through them"
+GGML_CUDA_DISABLE_GRAPHS=1 timeout 45 $py perf/hook_breakdown.py --steps 60 --prefills 6 2>&1 | tee "$work/breakdown-nographs.log" | tail -6
+step "the hook's Python side, 8 sequences (cProfile: calls per decode and their cost)"
+timeout 40 $py -m cProfile -s tottime perf/hook_overhead.py --sequences 8 --steps 50 --errors normal:0,0.25 2>&1 | grep -v "^llama\|^load\|^print_info" | head -45 >"$work/profile.log"
+head -45 "$work/profile.log"
 step "generation: kvinject against llama-batched-bench"
-timeout 60 $py perf/generation_speed.py --tools "$tools" --forms fixed --parallel 8 --prompts 32 --repeats 2 2>&1 | tee "$out/generation.log" | tail -8
+timeout 75 $py perf/generation_speed.py --tools "$tools" --forms fixed --parallel 8 --prompts 32 --repeats 2 2>&1 | tee "$work/generation.log" | tail -8
+step "long-prompt generation: 4096-token prompts, 1 and 8 sequences, against llama-batched-bench"
+for n in 1 8; do timeout 45 $py perf/long_prefill.py --tools "$tools" --length 4096 --steps 32 --sequences $n --repeats 2 2>&1 | tail -5; done | tee "$work/long.log"
+step "perplexity: kvinject against llama-perplexity"
+timeout 60 $py perf/perplexity_speed.py --tools "$tools" --ctx 512 --chunks 16 --repeats 3 2>&1 | tee "$work/perplexity.log" | tail -14
+if [ "${GPU_PACK_BUILD:-0}" = 1 ]; then
+    step "the build, packed for a later run on the same kind of machine (GPU_SKIP_BUILD=1)"
+    tar cf - -C "$work" build/bin | xz -T0 -6 | split -b 15M - "$out/build.tar.xz."
+    ls -l "$out"
+fi
 step "done"

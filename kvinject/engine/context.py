@@ -19,7 +19,7 @@ from .ggml import CACHE_TYPES
 from .hook import KVHook
 from .llama_log import captured_log
 from .options import CacheOptions
-from .perturbation import CacheResident, ErrorModel, NoError, check_groups, check_selection
+from .perturbation import CacheResident, ErrorModel, NoError, check_configuration
 from .positions import Spans
 from .prefills import Prefills, Seen, Snapshot
 from .realized import Realized
@@ -96,10 +96,7 @@ class Context:
         self.n_batch = min(n_batch, n_ctx)
         if n_seq > self.n_batch:
             raise ValueError(f"{n_seq} sequences need a batch of at least {n_seq} tokens, not {self.n_batch}")
-        check_selection(self.error, self.target)
-        check_groups(self.error, self.target, model.n_head_kv, model.head_dim_k, model.head_dim_v)
-        if isinstance(self.error, CacheResident):
-            self.error.check(model, self.target, self.cache)
+        check_configuration(self.error, self.target, self.cache, model.shape)
         self.hook = (
             KVHook(
                 self.error.stored(self.cache, self.target.components).fit(model, self.cache),

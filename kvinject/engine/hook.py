@@ -64,7 +64,6 @@ class KVHook:
     """
 
     def __init__(self, error: ErrorModel, target: Target, n_layer: int, row_k: int, row_v: int, n_head_kv: int):
-        target.check(n_layer, n_head_kv)
         self.error = error
         self.row = {"k": row_k, "v": row_v}
         self._expected = {(c, il) for il in range(n_layer) for c in "kv" if target.wants(c, il)}

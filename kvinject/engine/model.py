@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
+from typing import NamedTuple
 
 import jinja2
 import llama_cpp
@@ -113,6 +114,15 @@ class Rope:
     base: float
     scale: float
     n_head: int
+
+
+class Shape(NamedTuple):
+    """What a configuration is checked against: the layers, KV heads and their K and V widths."""
+
+    n_layer: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
 
 
 class Model:
@@ -224,6 +234,10 @@ class Model:
     def head_dim_v(self) -> int:
         value = self.meta(f"{self.arch}.attention.value_length")
         return int(value) if value else self.head_dim_k
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v)
 
     @cached_property
     def n_vocab(self) -> int:

@@ -23,7 +23,7 @@ from .variates import Draws, Variates
 
 if TYPE_CHECKING:
     from .blocks import BlockFormat
-    from .model import Model
+    from .model import Model, Shape
     from .options import CacheOptions
     from .realized import Realized
     from .resident import ResidentCache
@@ -168,6 +168,36 @@ class ErrorModel(ABC):
         layers, so that a narrower selection (--positions, --heads) would lose some."""
         return False
 
+    def check_target(self, target: Target, cache: CacheOptions) -> None:
+        """Refuse, in one line, a target or cache types this model cannot work with: when a
+        configuration is parsed, before any model loads. A model that places a fixed number of
+        faults would lose those placed outside --positions or --heads."""
+        if self.placed:
+            for option, given in (("--positions", target.positions is not None), ("--heads", target.heads is not None)):
+                if given:
+                    raise SpecError(
+                        f"{option} does not apply to '{self.name}', which places its faults among every value of the targeted layers "
+                        "(those outside would be lost): use bitflip:P with a bit or field"
+                    )
+
+    def check(self, shape: Shape, target: Target, cache: CacheOptions) -> None:
+        """Refuse, in one line, what needs the model's shape besides :meth:`check_target`: each
+        group the model computes together (:meth:`span`) must tile the targeted K or V rows, and
+        with --heads stay within one KV head."""
+        self.check_target(target, cache)
+        for component, dim in (("k", shape.head_dim_k), ("v", shape.head_dim_v)):
+            row = shape.n_head_kv * dim
+            span = self.span(component, row)
+            if component not in target.components:
+                continue
+            if row % span:
+                raise SpecError(f"'{self.spec}' computes groups of {span} components, which do not divide the {component.upper()} row of {row}")
+            if target.heads is not None and dim % span:
+                raise SpecError(
+                    f"--heads does not apply to '{self.spec}' on {component.upper()}: it computes {span} components together, "
+                    f"across KV heads of {dim} (a group or block that divides {dim} keeps within a head)"
+                )
+
 
 def _fmt(value: object) -> str:
     if isinstance(value, float):
@@ -240,12 +270,11 @@ class CacheResident(ErrorModel):
         return False
 
     def check_target(self, target: Target, cache: CacheOptions) -> None:
-        """Refuse, in one line, a target or cache this transform cannot work with: when a
-        configuration is parsed, before anything runs (and again by :meth:`check`)."""
-
-    def check(self, model: Model, target: Target, cache: CacheOptions) -> None:
-        """Refuse, in one line, a model, target or cache this transform cannot work on."""
-        self.check_target(target, cache)
+        """Positions and heads select values of K/V as they enter the cache, which a
+        cache-resident model does not change; subclasses add their own refusals after these."""
+        for option, given in (("--positions", target.positions is not None), ("--heads", target.heads is not None)):
+            if given:
+                raise SpecError(f"{option} does not apply to '{self.name}', which changes cells already in the cache rather than K/V as they enter it")
 
     @abstractmethod
     def after_decode(self, cache: ResidentCache, grown: list[tuple[int, int, int]]) -> None:
@@ -281,32 +310,9 @@ def changed_nothing(error: ErrorModel, realized: Realized) -> bool | None:
     return k.changed + v.changed == 0
 
 
-def check_selection(error: ErrorModel, target: Target) -> None:
-    """Positions and heads select values of K/V as they enter the cache; a cache-resident model
-    changes cells after, and a model that places a fixed number of faults would lose those
-    placed outside."""
-    for option, given in (("--positions", target.positions is not None), ("--heads", target.heads is not None)):
-        if given and isinstance(error, CacheResident):
-            raise SpecError(f"{option} does not apply to '{error.name}', which changes cells already in the cache rather than K/V as they enter it")
-        if given and error.placed:
-            raise SpecError(
-                f"{option} does not apply to '{error.name}', which places its faults among every value of the targeted layers "
-                "(those outside would be lost): use bitflip:P with a bit or field"
-            )
-
-
-def check_groups(error: ErrorModel, target: Target, n_head_kv: int, head_dim_k: int, head_dim_v: int) -> None:
-    """Each group the model computes together (ErrorModel.span) must tile the targeted K or V
-    rows, and with --heads stay within one KV head; checked before anything runs."""
-    for component, dim in (("k", head_dim_k), ("v", head_dim_v)):
-        row = n_head_kv * dim
-        span = error.span(component, row)
-        if component not in target.components:
-            continue
-        if row % span:
-            raise SpecError(f"'{error.spec}' computes groups of {span} components, which do not divide the {component.upper()} row of {row}")
-        if target.heads is not None and dim % span:
-            raise SpecError(
-                f"--heads does not apply to '{error.spec}' on {component.upper()}: it computes {span} components together, "
-                f"across KV heads of {dim} (a group or block that divides {dim} keeps within a head)"
-            )
+def check_configuration(error: ErrorModel, target: Target, cache: CacheOptions, shape: Shape) -> None:
+    """Everything a configuration is checked for against a model's shape, in one place: the
+    layers and heads the target names, then the error model's own checks. Configurations call it
+    before anything runs; a context made without one calls it too."""
+    target.check(shape.n_layer, shape.n_head_kv)
+    error.check(shape, target, cache)

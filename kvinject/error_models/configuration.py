@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..engine.model import Shape
 from ..engine.options import CACHE_TYPES, CacheOptions
-from ..engine.perturbation import CacheResident, ErrorModel, Multiplicative, NoError, check_groups, check_selection
+from ..engine.perturbation import ErrorModel, Multiplicative, NoError, check_configuration
 from ..engine.target import Target
 from ..engine.variates import GENERATOR
 from ..exceptions import SpecError
@@ -34,17 +35,14 @@ class Configuration:
             cache = replace(cache, type_k=type_k, type_v=type_v or type_k)
         model = parse_error(error)
         target = (target or Target()) if model.injects else Target()  # no error, no target
-        check_selection(model, target)
-        if isinstance(model, CacheResident):
-            model.check_target(target, cache)
+        model.check_target(target, cache)
         model = model.stored(cache, target.components)
         return cls(model, target, cache)
 
-    def check(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int) -> None:
-        """Fail when the target names layers or KV heads a model of this shape lacks, or the
-        error model's groups do not fit its rows or heads."""
-        self.target.check(n_layer, n_head_kv)
-        check_groups(self.error, self.target, n_head_kv, head_dim_k, head_dim_v)
+    def check(self, shape: Shape) -> None:
+        """Fail, in one line, where a model of this shape cannot run the configuration: layers or
+        KV heads the target names that it lacks, or what the error model needs of it."""
+        check_configuration(self.error, self.target, self.cache, shape)
 
     @property
     def label(self) -> str:

@@ -151,6 +151,7 @@ class Evict(CacheResident):
         return rng.random(n)
 
     def check_target(self, target: Target, cache: CacheOptions) -> None:
+        super().check_target(target, cache)
         # Removing a token frees its cell in every layer, K and V alike; values are not edited, so any cache type will do.
         if target.components != "kv" or target.layers is not None:
             raise SpecError(f"'{self.name}' removes whole tokens from every layer's K and V: leave --target and --layers at their defaults")

@@ -28,7 +28,7 @@ from ..exceptions import SpecError
 from .registry import register
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..engine.model import Shape
     from ..engine.options import CacheOptions
     from ..engine.resident import ResidentCache
     from ..engine.target import Target
@@ -66,6 +66,7 @@ class Kivi(CacheResident):
             raise SpecError(f"'kivi': residual must be a multiple of group ({self.group}), got {self.residual}")
 
     def check_target(self, target: Target, cache: CacheOptions) -> None:
+        super().check_target(target, cache)
         for component, kind in (("k", cache.type_k), ("v", cache.type_v)):
             if component in target.components and kind not in ("f32", "f16", "bf16"):
                 raise SpecError(
@@ -73,10 +74,10 @@ class Kivi(CacheResident):
                     f"use --cache-type-{component} f16 (or f32, bf16)"
                 )
 
-    def check(self, model: Model, target: Target, cache: CacheOptions) -> None:
-        super().check(model, target, cache)
-        if "v" in target.components and model.head_dim_v % self.group:
-            raise SpecError(f"'{self.name}': group {self.group} does not divide the head dimension {model.head_dim_v} that V is quantized along")
+    def check(self, shape: Shape, target: Target, cache: CacheOptions) -> None:
+        super().check(shape, target, cache)
+        if "v" in target.components and shape.head_dim_v % self.group:
+            raise SpecError(f"'{self.name}': group {self.group} does not divide the head dimension {shape.head_dim_v} that V is quantized along")
 
     def quantized(self, component: str, n: int) -> int:
         """How many of a sequence's first ``n`` tokens KIVI holds quantized: K in whole blocks of

@@ -24,7 +24,7 @@ def run(
 ) -> Iterator[RunResult]:
     """Evaluate every bench under ``configs`` (the control first); yields results as they finish."""
     for config in configs:  # before the control has run, not after
-        config.check(model.n_layer, model.n_head_kv, model.head_dim_k, model.head_dim_v)
+        config.check(model.shape)
         for bench in benches:
             bench.check(config, bench.options)
     for bench in benches:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..benchmarks import Benchmark, make_bench
-from ..engine.model import CPU_PARALLEL, Model, file_sha256, resolve_model
+from ..engine.model import CPU_PARALLEL, Model, Shape, file_sha256, resolve_model
 from ..engine.options import BackendOptions
 from ..engine.perturbation import CacheResident
 from ..engine.speed import Speed
@@ -69,7 +69,7 @@ class Sweep:
         self.poll = poll  # seconds between looks at the store while everything left is claimed
         self._controls = {c.group: c for c in self.cells if c.control}
         self._sha: dict[str, str] = {}
-        self._shapes: dict[str, tuple[int, int, int, int]] = {}
+        self._shapes: dict[str, Shape] = {}
         self._benches: dict[tuple, Benchmark] = {}
 
     def model_sha(self, spec: str) -> str:
@@ -86,11 +86,11 @@ class Sweep:
                 raise GridError(f"{self.grid.path}: [bench.{cell.bench}] {e}") from None
         return self._benches[key]
 
-    def shape(self, spec: str) -> tuple[int, int, int, int]:
-        """The model's layers, KV heads and their K and V widths, which targets are checked against."""
+    def shape(self, spec: str) -> Shape:
+        """The model's layers, KV heads and their K and V widths, which configurations are checked against."""
         if spec not in self._shapes:
             with Model(spec, BackendOptions(n_gpu_layers=0)) as model:  # mmapped: the shape, not the weights
-                self._shapes[spec] = model.n_layer, model.n_head_kv, model.head_dim_k, model.head_dim_v
+                self._shapes[spec] = model.shape
         return self._shapes[spec]
 
     def group_key(self, group: tuple) -> str:
@@ -106,7 +106,7 @@ class Sweep:
         out = []
         for cell in self.cells:
             try:
-                cell.config.check(*self.shape(cell.model))
+                cell.config.check(self.shape(cell.model))
             except SpecError as e:
                 raise GridError(f"{self.grid.path}: {cell.model}: {e}") from None
             key = cell.key(self.model_sha(cell.model))

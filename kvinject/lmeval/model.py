@@ -67,7 +67,7 @@ class KvinjectLM(TemplateLM):
 
     def _bind(self, model: Model, configuration: Configuration) -> None:
         self.model, self.configuration = model, configuration
-        configuration.check(model.n_layer, model.n_head_kv, model.head_dim_k, model.head_dim_v)
+        configuration.check(model.shape)
         self._ctx: Context | None = None
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """Decode time with the K/V hook against the same decode without it, interleaved decode by decode.
 
     python perf/hook_overhead.py [--model M] [--steps 100] [--sequences 1 8] [--errors normal:0,0 ...]
-        [--prompt-tokens N] [--flash-attn off]
+        [--prompt-tokens N] [--flash-attn off] [--no-launch]
 
 For each number of sequences, one context per configuration holds the same prompt per sequence
 (a short sentence, or it repeated to --prompt-tokens: cache-resident compressors such as KIVI,
@@ -9,7 +9,9 @@ with its 128 exact tokens, or eviction to a budget act only on longer caches); t
 times, each context decodes the next token of every sequence, the configurations one after
 the other. Interleaving single decodes keeps this machine's speed
 drift out of the comparison: the ratio reported is the median over steps of the clean
-decode's time over the configuration's.
+decode's time over the configuration's. With layers on a GPU, ``--no-launch`` replaces the
+hook's kernel launches by nothing (values unchanged): what the graph splits and the calls into
+Python cost alone, against the full hook's time in a run without it.
 """
 
 from __future__ import annotations
@@ -59,13 +61,18 @@ def main() -> None:
     ap.add_argument("--errors", nargs="+", default=ERRORS, help="error specs compared with none")
     ap.add_argument("--prompt-tokens", type=int, default=None, help="repeat the prompt to this many tokens")
     ap.add_argument("--flash-attn", default="auto", help="for every configuration (evict:h2o and tova need off)")
+    ap.add_argument("--no-launch", action="store_true", help="on a GPU: the hook claims and synchronizes but launches no kernel")
     args = ap.parse_args()
+    if args.no_launch:
+        from kvinject.engine.device import DeviceChange
+
+        DeviceChange.change = lambda self, *args: None
     model = Model(args.model, BackendOptions(threads=args.threads))
     prompt = model.tokenize(PROMPT)
     if args.prompt_tokens:
         prompt = (prompt * (args.prompt_tokens // len(prompt) + 1))[: args.prompt_tokens]
     cache = CacheOptions(flash_attn=args.flash_attn)
-    print(f"model {model.path.name}, {model.backend.n_threads} threads, flash attention {args.flash_attn}")
+    print(f"model {model.path.name}, {model.backend.n_threads} threads, flash attention {args.flash_attn}" + (", no kernel launches" if args.no_launch else ""))
     print(f"{len(prompt)}-token prompt, {args.steps} interleaved decode steps")
     specs = ["none", *args.errors]
     w = max(16, *(len(s) + 2 for s in specs))

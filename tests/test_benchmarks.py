@@ -169,8 +169,9 @@ def test_kld_is_from_the_control_to_the_configuration():
 
 def test_scoring_in_blocks_of_rows_gives_each_figure_of_the_whole_chunk(monkeypatch):
     """Rows are scored a block at a time (work arrays of a whole chunk grew to gigabytes at long
-    contexts), and a long context's control probabilities are computed again per job instead of
-    kept; each row's arithmetic is the same, so every figure is bit for bit that of one block."""
+    contexts), by several threads side by side, and a long context's control probabilities are
+    computed again per job instead of kept; each row's arithmetic is the same, so every figure is
+    bit for bit that of one block; a row of NaN in any thread's block marks the chunk."""
     from kvinject.benchmarks import perplexity
     from kvinject.benchmarks.perplexity import _Base, _score, _Scratch, _Tally
 
@@ -178,19 +179,24 @@ def test_scoring_in_blocks_of_rows_gives_each_figure_of_the_whole_chunk(monkeypa
     control, job = (rng.normal(size=(7, 50)).astype(np.float32) * scale for scale in (4, 2))
     targets = rng.integers(0, 50, 7)
 
-    def tallies(block_rows: int, kept: bool = True) -> list[dict]:
-        monkeypatch.setattr(perplexity, "BLOCK_BYTES", block_rows * 4 * 50)
+    def tallies(block_rows: int, kept: bool = True, threads: int = 1, scored: np.ndarray = job) -> list[dict]:
+        monkeypatch.setattr(perplexity, "BLOCK_BYTES", block_rows * 4 * 50 * threads)
         monkeypatch.setattr(perplexity, "BASE_BYTES", 7 * 50 * 4 if kept else 0)
-        scratch, base, first, second = _Scratch(7, 50), _Base(7, 50), _Tally(), _Tally()
+        scratch, base, first, second = _Scratch(7, 50, threads), _Base(7, 50), _Tally(), _Tally()
         assert scratch.block == block_rows and (base.p is not None) == kept
         _score(first, control, targets, scratch, None, base)
-        _score(second, job, targets, scratch, base, None)
+        _score(second, scored, targets, scratch, base, None)
         return [vars(first), vars(second)]
 
     whole = tallies(7)
     assert whole[1]["compared"] == 7 and whole[1]["kld"] > 0
     assert tallies(2) == whole and tallies(1) == whole
     assert tallies(7, kept=False) == whole and tallies(3, kept=False) == whole, "the control's probabilities computed again"
+    assert tallies(2, threads=3) == whole and tallies(1, threads=4) == whole and tallies(3, kept=False, threads=2) == whole
+    broken = job.copy()
+    broken[5, 7] = np.nan  # in the third block of 2 rows, the third thread's
+    nonfinite = tallies(2, threads=3, scored=broken)[1]
+    assert nonfinite["nonfinite"] == 1 and nonfinite["count"] == 0 and math.isnan(nonfinite["chunk_nll"][0])
 
 
 def test_a_run_compares_each_configuration_with_the_control(tiny):

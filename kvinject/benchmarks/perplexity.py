@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -188,7 +189,7 @@ class Perplexity(Benchmark):
         add_bos = ll.llama_vocab_get_add_bos(model.vocab)
         most = max(_asked(a, b, first) for a, b in ranges)
         tallies = [_Tally() for _ in jobs]
-        scratch = _Scratch(most, model.n_vocab)
+        scratch = _Scratch(most, model.n_vocab, model.backend.n_threads)
         bases = [_Base(most, model.n_vocab) for _ in range(n_seq)] if len(jobs) > 1 else []
         n_batch = n_seq * max(b - a for a, b in ranges)
         contexts = [Context(model, c.cache, c.error, c.target, seed=seed, run=r, n_ctx=n_seq * n_ctx, n_seq=n_seq, n_batch=n_batch) for c, r in jobs]
@@ -273,11 +274,35 @@ class _Scratch:
     """Work arrays for scoring a block of rows at a time, allocated once: a fresh 50 MB array per
     chunk costs more in page faults than the arithmetic (5x, measured right after a decode), and
     arrays of a whole chunk's rows grew with the context (Gemma 3's 262,144-token vocabulary at
-    --ctx 8192: 4.3 GB each, three of them beside llama.cpp's own logits)."""
+    --ctx 8192: 4.3 GB each, three of them beside llama.cpp's own logits). With ``threads``, as
+    many threads score blocks side by side (numpy's arithmetic lets go of the GIL; llama.cpp's
+    threads are idle meanwhile), each with arrays of its own that together take what one took."""
 
-    def __init__(self, rows: int, n_vocab: int):
-        self.block = max(1, min(rows, BLOCK_BYTES // (4 * n_vocab)))
-        self.shifted = np.empty((self.block, n_vocab), dtype=np.float32)
+    def __init__(self, rows: int, n_vocab: int, threads: int = 1):
+        self.block = max(1, min(rows, BLOCK_BYTES // (4 * n_vocab * threads)))
+        self.threads = threads
+        self._arrays = [_Arrays(self.block, n_vocab) for _ in range(threads)]
+
+    def each(self, n: int, score) -> None:
+        """``score(lo, hi, arrays)`` for every block of ``n`` rows: thread t takes blocks t, t +
+        threads, ... with its own arrays. Each row's figures do not depend on which block holds it."""
+        blocks = [(lo, min(lo + self.block, n)) for lo in range(0, n, self.block)]
+
+        def take(t: int) -> None:
+            for lo, hi in blocks[t :: self.threads]:
+                score(lo, hi, self._arrays[t])
+
+        used = min(self.threads, len(blocks))
+        if used > 1:
+            with ThreadPoolExecutor(used) as pool:
+                list(pool.map(take, range(used)))
+        elif blocks:
+            take(0)
+
+
+class _Arrays:
+    def __init__(self, block: int, n_vocab: int):
+        self.shifted = np.empty((block, n_vocab), dtype=np.float32)
         self.work = np.empty_like(self.shifted)
         self._p: np.ndarray | None = None
 
@@ -328,41 +353,52 @@ def _score_rows(rows: _Rows, logits: np.ndarray, targets: np.ndarray, scratch: _
     """Score one decode's rows of a chunk into ``rows``, compared with the control's ``base``
     when valid; fill ``keep`` for the other jobs to compare with. As in llama-perplexity,
     exponentials are float32 and sums float64; rows are scored a block at a time, each row's
-    figures as from the whole chunk at once."""
-    top = logits.max(axis=1, keepdims=True)
-    if rows.nonfinite or not (np.isfinite(top).all() and np.isfinite(logits.min(axis=1)).all()):
-        rows.nonfinite = True
+    figures as from the whole chunk at once. A row of NaN or Inf marks the chunk non-finite."""
+    if rows.nonfinite:
         if keep is not None:
             keep.valid = False
         return
     n = len(targets)
     compare = base is not None and base.valid
-    rows.compared &= compare
+    top = np.empty((n, 1), dtype=logits.dtype)
     lse, logp_target, argmax = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64)
     cross = np.empty(n) if compare else None
-    if keep is not None:
-        keep.logits, keep.top, keep.lse, keep.p_sum, keep.neg_entropy = logits, top, lse, np.empty(n), np.empty(n)
-    for lo in range(0, n, scratch.block):
-        hi = min(lo + scratch.block, n)
-        shifted = np.subtract(logits[lo:hi], top[lo:hi], out=scratch.shifted[: hi - lo])
-        lse[lo:hi] = np.log(np.exp(shifted, out=scratch.work[: hi - lo]).sum(axis=1, dtype=np.float64))
+    p_sum, neg_entropy = (np.empty(n), np.empty(n)) if keep is not None else (None, None)
+    finite = np.ones(n, dtype=bool)
+
+    def score(lo: int, hi: int, arrays: _Arrays) -> None:
+        np.max(logits[lo:hi], axis=1, keepdims=True, out=top[lo:hi])
+        if not (np.isfinite(top[lo:hi]).all() and np.isfinite(logits[lo:hi].min(axis=1)).all()):
+            finite[lo:hi] = False
+            return
+        shifted = np.subtract(logits[lo:hi], top[lo:hi], out=arrays.shifted[: hi - lo])
+        lse[lo:hi] = np.log(np.exp(shifted, out=arrays.work[: hi - lo]).sum(axis=1, dtype=np.float64))
         logp_target[lo:hi] = shifted[np.arange(hi - lo), targets[lo:hi]] - lse[lo:hi]
         argmax[lo:hi] = shifted.argmax(axis=1)
         if compare:
             # KL(base || this) = sum p_b log p_b - sum p_b (shifted - lse), without forming log p.
-            p = base.probabilities(lo, hi, scratch.p[: hi - lo])
-            cross[lo:hi] = np.multiply(p, shifted, out=scratch.work[: hi - lo]).sum(axis=1, dtype=np.float64)
+            p = base.probabilities(lo, hi, arrays.p[: hi - lo])
+            cross[lo:hi] = np.multiply(p, shifted, out=arrays.work[: hi - lo]).sum(axis=1, dtype=np.float64)
         if keep is not None:
-            logp = np.subtract(shifted, lse[lo:hi, None].astype(np.float32), out=scratch.work[: hi - lo])
-            p = np.exp(logp, out=scratch.p[: hi - lo] if keep.p is None else keep.p[lo:hi])
-            keep.p_sum[lo:hi] = p.sum(axis=1, dtype=np.float64)
-            keep.neg_entropy[lo:hi] = np.multiply(p, logp, out=scratch.work[: hi - lo]).sum(axis=1, dtype=np.float64)
+            logp = np.subtract(shifted, lse[lo:hi, None].astype(np.float32), out=arrays.work[: hi - lo])
+            p = np.exp(logp, out=arrays.p[: hi - lo] if keep.p is None else keep.p[lo:hi])
+            p_sum[lo:hi] = p.sum(axis=1, dtype=np.float64)
+            neg_entropy[lo:hi] = np.multiply(p, logp, out=arrays.work[: hi - lo]).sum(axis=1, dtype=np.float64)
+
+    scratch.each(n, score)
+    if not finite.all():
+        rows.nonfinite = True
+        if keep is not None:
+            keep.valid = False
+        return
+    rows.compared &= compare
     rows.logp_target.append(logp_target)
     if compare:
         rows.kld.append(base.neg_entropy - cross + lse * base.p_sum)
         rows.same.append(base.argmax == argmax)
         rows.dp.append(np.exp(logp_target) - np.exp(base.logp_target))
     if keep is not None:
+        keep.logits, keep.top, keep.lse, keep.p_sum, keep.neg_entropy = logits, top, lse, p_sum, neg_entropy
         keep.argmax, keep.logp_target, keep.valid = argmax, logp_target, True
 
 

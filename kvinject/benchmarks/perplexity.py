@@ -301,6 +301,8 @@ class _Scratch:
 
 
 class _Arrays:
+    """One thread's work arrays for a block of rows."""
+
     def __init__(self, block: int, n_vocab: int):
         self.shifted = np.empty((block, n_vocab), dtype=np.float32)
         self.work = np.empty_like(self.shifted)

@@ -87,8 +87,8 @@ step "the same with CUDA graphs off (GGML_CUDA_DISABLE_GRAPHS): what the splits 
 GGML_CUDA_DISABLE_GRAPHS=1 timeout 45 $py perf/hook_breakdown.py --steps 60 --prefills 6 2>&1 | tee "$work/breakdown-nographs.log" | tail -6
 step "the same hook with its kernel launches replaced by nothing: the splits and calls into Python alone"
 timeout 40 $py perf/hook_overhead.py --sequences 1 8 64 --steps 100 --errors normal:0,0.25 --no-launch 2>&1 | tail -7
-step "the hook's Python side, 8 sequences (cProfile: calls per decode and their cost)"
-timeout 40 $py -m cProfile -s tottime perf/hook_overhead.py --sequences 8 --steps 50 --errors normal:0,0.25 2>&1 | grep -v "^llama\|^load\|^print_info" | head -45 >"$work/profile.log"
+step "the hook's Python side, 8 sequences (cProfile by cumulative time: 208 decodes, the launches and their arguments)"
+timeout 40 $py -m cProfile -s cumtime perf/hook_overhead.py --sequences 8 --steps 200 --errors normal:0,0.25 2>&1 | grep -v "^llama\|^load\|^print_info" | head -45 >"$work/profile.log"
 head -45 "$work/profile.log"
 step "generation: kvinject against llama-batched-bench"
 timeout 75 $py perf/generation_speed.py --tools "$tools" --forms fixed --parallel 8 --prompts 32 --repeats 2 2>&1 | tee "$work/generation.log" | tail -8

@@ -16,7 +16,6 @@ from ..exceptions import InjectionError, ModelError, SpecError
 from .bits import cache_bits
 from .cache_writes import Writes
 from .ggml import CACHE_TYPES
-from .hook import KVHook
 from .llama_log import captured_log
 from .options import CacheOptions
 from .perturbation import CacheResident, ErrorModel, NoError, check_configuration
@@ -24,7 +23,6 @@ from .positions import Spans
 from .prefills import Prefills, Seen, Snapshot
 from .realized import Realized
 from .resident import ResidentCache
-from .residual import ResidualStream
 from .sites import Placed
 from .target import Target
 from .variates import Draws, Variates
@@ -97,8 +95,13 @@ class Context:
         if n_seq > self.n_batch:
             raise ValueError(f"{n_seq} sequences need a batch of at least {n_seq} tokens, not {self.n_batch}")
         check_configuration(self.error, self.target, self.cache, model.shape)
-        self.hook = (
-            KVHook(
+        self.hook = None
+        if self.error.injects:
+            # Imported here: the compiled callback maps about 50 MB of numba's compiler state, which
+            # a context with nothing to hook (a control) need not load.
+            from .hook import KVHook
+
+            self.hook = KVHook(
                 self.error.stored(self.cache, self.target.components).fit(model, self.cache),
                 self.target,
                 model.n_layer,
@@ -106,10 +109,11 @@ class Context:
                 model.n_head_kv * model.head_dim_v,
                 model.n_head_kv,
             )
-            if self.error.injects
-            else None
-        )
-        self.residual = ResidualStream(model.n_layer, model.n_embd, self.hook.header if self.hook is not None else None) if residual else None
+        self.residual = None
+        if residual:
+            from .residual import ResidualStream
+
+            self.residual = ResidualStream(model.n_layer, model.n_embd, self.hook.header if self.hook is not None else None)
         self.seed, self.run = seed, run
         self.n_seq = n_seq
         self.n_ctx_seq = n_ctx // n_seq

@@ -172,13 +172,11 @@ class ErrorModel(ABC):
         """Refuse, in one line, a target or cache types this model cannot work with: when a
         configuration is parsed, before any model loads. A model that places a fixed number of
         faults would lose those placed outside --positions or --heads."""
-        if self.placed:
-            for option, given in (("--positions", target.positions is not None), ("--heads", target.heads is not None)):
-                if given:
-                    raise SpecError(
-                        f"{option} does not apply to '{self.name}', which places its faults among every value of the targeted layers "
-                        "(those outside would be lost): use bitflip:P with a bit or field"
-                    )
+        if self.placed and (option := _selecting(target)):
+            raise SpecError(
+                f"{option} does not apply to '{self.name}', which places its faults among every value of the targeted layers "
+                "(those outside would be lost): use bitflip:P with a bit or field"
+            )
 
     def check(self, shape: Shape, target: Target, cache: CacheOptions) -> None:
         """Refuse, in one line, what needs the model's shape besides :meth:`check_target`: each
@@ -197,6 +195,12 @@ class ErrorModel(ABC):
                     f"--heads does not apply to '{self.spec}' on {component.upper()}: it computes {span} components together, "
                     f"across KV heads of {dim} (a group or block that divides {dim} keeps within a head)"
                 )
+
+
+def _selecting(target: Target) -> str | None:
+    """The option that narrows the target to some values of K/V as they enter the cache
+    (--positions, else --heads), or None."""
+    return "--positions" if target.positions is not None else "--heads" if target.heads is not None else None
 
 
 def _fmt(value: object) -> str:
@@ -272,9 +276,8 @@ class CacheResident(ErrorModel):
     def check_target(self, target: Target, cache: CacheOptions) -> None:
         """Positions and heads select values of K/V as they enter the cache, which a
         cache-resident model does not change; subclasses add their own refusals after these."""
-        for option, given in (("--positions", target.positions is not None), ("--heads", target.heads is not None)):
-            if given:
-                raise SpecError(f"{option} does not apply to '{self.name}', which changes cells already in the cache rather than K/V as they enter it")
+        if option := _selecting(target):
+            raise SpecError(f"{option} does not apply to '{self.name}', which changes cells already in the cache rather than K/V as they enter it")
 
     @abstractmethod
     def after_decode(self, cache: ResidentCache, grown: list[tuple[int, int, int]]) -> None:

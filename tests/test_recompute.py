@@ -18,6 +18,7 @@ from kvinject.engine.options import CacheOptions
 from kvinject.error_models import parse_error
 from kvinject.error_models.configuration import Configuration, configurations
 from kvinject.exceptions import SpecError
+from kvinject.experiments.grid import GridError, load_grid
 from kvinject.experiments.runner import run
 
 from .test_cli import kvinject
@@ -110,10 +111,14 @@ def test_a_cached_generation_keeps_the_logits_of_its_picks(tiny):
     assert len(continued.logits) == len(kept.logits) - 2
 
 
-def test_recompute_refuses_sampling():
+def test_recompute_refuses_sampling(tmp_path):
     bench = make_bench("ifeval", {"limit": 1, "temperature": 0.5})
     with pytest.raises(SpecError, match="recompute generates greedily"):
-        bench.plan(configurations("recompute@f32", []), 1)
+        bench.check(configurations("recompute@f32", [])[0], bench.options)
+    grid = tmp_path / "g.toml"  # a grid is checked as it is read, before anything runs
+    grid.write_text('[sweep]\ncontrol = "recompute@f32"\n[bench.ifeval]\nlimit = 1\ntemperature = 0.5\n')
+    with pytest.raises(GridError, match="recompute generates greedily"):
+        load_grid(grid)
 
 
 def test_cli_runs_against_a_cache_free_control(tiny_path, tmp_path):

@@ -11,16 +11,14 @@ import pandas as pd
 from scipy.stats import false_discovery_control
 
 from ..benchmarks import BENCHMARKS
-from ..benchmarks.base import Benchmark, RunResult
+from ..benchmarks.base import Benchmark
 from ..benchmarks.options import Options
 from ..engine.positions import Positions
-from ..engine.realized import Realized, RealizedStats
 from ..error_models import parse_error
-from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
 from ..experiments.store import Store
 from .aggregate import aggregate
-from .run_output import output_records
+from .run_output import output_records, record_result
 from .tables import NOTHING_MARK, NOTHING_NOTE
 
 FORMATS = ("table", "markdown", "csv", "json", "latex")
@@ -129,23 +127,6 @@ def control_of(records: list[dict[str, Any]], record: dict[str, Any]) -> dict[st
     return control
 
 
-def _result(record: dict[str, Any]) -> RunResult:
-    s = record["settings"]
-    config = Configuration.from_dict(s)
-    # What aggregate reads of it: how many values the error changed (changed_nothing).
-    realized = Realized(*(RealizedStats(values=r.get("values", 0), changed=r.get("changed", 0)) for r in (record["realized"].get(c, {}) for c in "kv")))
-    metrics = record["metrics"]
-    return RunResult(
-        s["bench"],
-        config,
-        record["run"],
-        {k: (float("nan") if v is None else v) for k, v in metrics.items()},
-        {k: [float("nan") if x is None else x for x in v] for k, v in record["items"].items()},
-        realized,
-        record["nonfinite_items"],
-    )
-
-
 def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per (experiment, configuration, metric), each experiment (:func:`experiment_key`)
     compared with its own control."""
@@ -169,7 +150,7 @@ def summarize(records: list[dict[str, Any]]) -> pd.DataFrame:
             realized.setdefault(r["label"], []).append(r["realized"]["k"].get("rel_err_std"))
             # The label names the cache types, not these: rows that differ only here must show them.
             cache[r["label"]] = {k: r["settings"]["cache"][k] for k in ("flash_attn", "kv_rotation")}
-        for row in aggregate(bench, [_result(r) for r in ordered], _options(bench, ordered[0]["settings"]["options"])):
+        for row in aggregate(bench, [record_result(r) for r in ordered], _options(bench, ordered[0]["settings"]["options"])):
             k_std = [x for x in realized.get(row["label"], []) if x is not None]
             rows.append({**experiment, **row, **cache[row["label"]], "realized_k_rel_std": sum(k_std) / len(k_std) if k_std else None})
     return pd.DataFrame(rows)

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..benchmarks.base import Benchmark, RunResult
+from ..engine.realized import Realized, RealizedStats
+from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
 from ..experiments.grid import settings_key
 from .aggregate import aggregate
@@ -17,25 +19,44 @@ from .aggregate import aggregate
 @dataclass
 class RunOutput:
     """Everything one ``kvinject run`` produced, as its ``--output`` JSON holds it: settings, one
-    record per (bench, config, run), and the aggregates per (bench, config, metric)."""
+    record per (bench, config, run), and the aggregates per (bench, config, metric). The
+    records are a results store's (kvinject/experiments/runner.py: records)."""
 
     meta: dict[str, object]
-    results: list[RunResult] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
     benches: dict[str, Benchmark] = field(default_factory=dict)
     interrupted: bool = False
 
     def aggregates(self) -> list[dict[str, object]]:
         out = []
         for name, bench in self.benches.items():
-            out += aggregate(bench, [r for r in self.results if r.bench == name])
+            out += aggregate(bench, [record_result(r) for r in self.records if r["settings"]["bench"] == name])
         return out
 
     def to_dict(self) -> dict[str, object]:
         return {
             "meta": {**self.meta, "interrupted": self.interrupted},
-            "records": [r.to_dict() for r in self.results],
+            "records": [{k: v for k, v in r.items() if k not in ("cell", "settings")} for r in self.records],
             "aggregates": self.aggregates(),
         }
+
+
+def record_result(record: dict[str, Any]) -> RunResult:
+    """A stored record (:meth:`Store.records`) as the run it was, for :func:`aggregate`: its
+    configuration, metrics, per-item values, and how many values the error changed (what
+    changed_nothing reads of its realized statistics). A metric stored as null is NaN again."""
+    s = record["settings"]
+    config = Configuration.from_dict(s)
+    realized = Realized(*(RealizedStats(values=r.get("values", 0), changed=r.get("changed", 0)) for r in (record["realized"].get(c, {}) for c in "kv")))
+    return RunResult(
+        s["bench"],
+        config,
+        record["run"],
+        {k: (float("nan") if v is None else v) for k, v in record["metrics"].items()},
+        {k: [float("nan") if x is None else x for x in v] for k, v in record["items"].items()},
+        realized,
+        record["nonfinite_items"],
+    )
 
 
 def output_records(path: Path) -> list[dict[str, Any]]:

@@ -156,9 +156,6 @@ class Benchmark(ABC):
         result every run: evaluate it once rather than report copies as independent runs."""
         return runs if config.error.random or self.temperature > 0 else 1
 
-    def plan(self, configs: list[Configuration], runs: int) -> Plan:
-        return [(c, list(range(self.runs_needed(c, runs)))) for c in configs]
-
     @classmethod
     def check(cls, config: Configuration, options: Options | None = None) -> None:
         """Fail, in one line, for a configuration this benchmark cannot measure with ``options``
@@ -254,10 +251,11 @@ class GenerationBenchmark(Benchmark):
             return generation.stopped.partition(":")[0]
         return "nonfinite" if not np.isfinite(generation.first_logits).all() else ""
 
-    def plan(self, configs: list[Configuration], runs: int) -> Plan:
-        if self.temperature > 0 and any(c.error.cache_free for c in configs):
-            raise SpecError(f"recompute generates greedily: {self.name} needs --temperature 0 with it")
-        return super().plan(configs, runs)
+    @classmethod
+    def check(cls, config: Configuration, options: Options | None = None) -> None:
+        super().check(config, options)
+        if config.error.cache_free and getattr(options, "temperature", 0.0) > 0:
+            raise SpecError(f"recompute generates greedily: {cls.name} needs --temperature 0 with it")
 
     def golden(self, record: dict[str, Any]) -> Golden | None:
         """The record's tokens and primary scores; None for a record stored without its tokens

@@ -36,6 +36,14 @@ def run_command(
         Optional[list[str]], typer.Option("--data", help="Data for a bench: PATH or hf:NAME[:CONFIG][@SPLIT], or BENCH=... with several benches.")
     ] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write every record, aggregate and setting as JSON.")] = None,
+    store: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--store",
+            help="Keep each finished run in this results store (as `kvinject sweep` does; `kvinject report` reads it); "
+            "the same command again evaluates only the runs it lacks.",
+        ),
+    ] = None,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Also write the aggregates as CSV.")] = None,
     output_format: FormatOpt = "table",
     wide: WideOpt = False,
@@ -49,8 +57,9 @@ def run_command(
     """
     from ..analysis.run_output import RunOutput
     from ..benchmarks import make_benches
-    from ..experiments.runner import metadata
+    from ..experiments.runner import metadata, records
     from ..experiments.runner import run as run_benches
+    from ..experiments.store import Store, temporary_store
 
     check_format(output_format)
     if runs < 1:
@@ -60,7 +69,7 @@ def run_command(
     configs = configurations(control, error or [], tgt, cache)
     check_writable(output, csv)
     benches = make_benches(bench, bench_values or {}, data or [])
-    with setup.load() as m:
+    with Store(store) if store else temporary_store() as kept, setup.load() as m:  # a bad store fails before the model loads
         report = RunOutput(metadata(m, benches, configs, runs, seed, {"cache": cache.to_dict()}), benches={b.name: b for b in benches})
         with progress_bars() as progress:
             bars = {}
@@ -69,16 +78,18 @@ def run_command(
                 bars[b.name] = progress.add_task(b.name, total=total)
                 return lambda n: progress.advance(bars[b.name], n)
 
+            def say(line):
+                progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
             try:
-                for result in run_benches(m, benches, configs, runs, seed, bar):
-                    report.results.append(result)
+                for result in run_benches(m, benches, configs, runs, seed, bar, kept, say):
                     if not progress.console.is_terminal:  # a log (a cluster job's): no bar redraws, a timed line per run
                         primary = next(b.primary for b in benches if b.name == result.bench)
                         score = result.metrics.get(primary, math.nan)
-                        line = f"{time.strftime('%H:%M:%S')} {result.bench} {result.config.label} run {result.run}: {primary} {score:.4g}"
-                        progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+                        say(f"{time.strftime('%H:%M:%S')} {result.bench} {result.config.label} run {result.run}: {primary} {score:.4g}")
             except KeyboardInterrupt as e:
                 report.interrupted, stop = True, e
+        report.records = records(kept, m, benches, configs, runs, seed)
     data = report.to_dict()
     if output:
         output.write_text(dumps(data))
@@ -100,5 +111,7 @@ def run_command(
 
         Console(stderr=True).print(NOTHING_NOTE, style="yellow", highlight=False)
     if report.interrupted:
-        Console(stderr=True).print(f"[yellow]{stopped(stop)}: {len(report.results)} finished runs kept{f' in {output}' if output else ''}")
+        where = " and ".join(str(p) for p in (output, store) if p)
+        kept_in = f" in {where}" if where else ""
+        Console(stderr=True).print(f"[yellow]{stopped(stop)}: {len(report.records)} finished runs kept{kept_in}", soft_wrap=True)  # paths whole
         raise typer.Exit(exit_code(stop))

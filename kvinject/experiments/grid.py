@@ -97,6 +97,11 @@ class Cell:
         return (self.model, self.bench, self.options, self.seed) + ((self.control_cache,) if self.control_cache else ())
 
 
+def option_items(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A bench's options as a cell holds them: sorted, lists as tuples (hashable)."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
+
+
 def bench_labels(cells: list[Cell]) -> list[str]:
     """Each cell's bench with the options in which cells of that bench differ (``perplexity
     ctx=2048`` beside ``perplexity ctx=8192``), so that listed cells never look alike."""
@@ -303,7 +308,7 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
             BENCHMARKS[bench].check(config, BENCHMARKS[bench].Options.parse(options))
         except SpecError as e:
             raise GridError(f"{path}: [bench.{bench}] {e}") from None
-        opts = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
+        opts = option_items(options)
         cell = Cell(model, bench, opts, config, seed, runs, control, campaign, control_cache)
         identity = (model, bench, opts, config, seed)
         if identity not in seen:

@@ -17,6 +17,7 @@ import os
 import secrets
 import socket
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -267,3 +268,10 @@ class Store:
         finally:
             stop.set()
             thread.join()
+
+
+@contextmanager
+def temporary_store() -> Iterator[Store]:
+    """A store in a folder of its own that is removed with it (`kvinject run` without --store)."""
+    with tempfile.TemporaryDirectory(prefix="kvinject-run-") as folder, Store(Path(folder) / "run.results.sqlite") as store:
+        yield store

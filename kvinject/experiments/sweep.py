@@ -4,24 +4,25 @@ by several workers."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..benchmarks import Benchmark, make_bench
+from ..benchmarks import Benchmark, RunResult, make_bench
 from ..engine.model import CPU_PARALLEL, Model, Shape, file_sha256, resolve_model
 from ..engine.options import BackendOptions
 from ..engine.perturbation import CacheResident
 from ..engine.speed import Speed
 from ..exceptions import KvinjectError, SpecError
 from .campaign import campaign_runs
-from .grid import Cell, Grid, GridError
+from .grid import Cell, Grid, GridError, option_items
 from .store import Claim, Store, Worker
 
 # progress(name, total) makes a progress bar and returns its advance(n).
 SweepProgress = Callable[[str, int], Callable[[int], None]]
+# group_progress(bench, model, total): the same for one group of cells (a bench on a model).
+GroupProgress = Callable[[Benchmark, str, int], Callable[[int], None]]
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -58,9 +59,21 @@ class Planned:
 
 class Sweep:
     """The cells of a grid (or a shard of it) against one store, which other sweeps (processes
-    on this machine) may share: see run."""
+    on this machine) may share: see run.
 
-    def __init__(self, grid: Grid, store: Store, shard: tuple[int, int] | None = None, claim_timeout: float = 60.0, poll: float = 2.0):
+    ``models`` are models already loaded, by the spec their cells name (the caller closes
+    them), and ``benches`` benchmarks already made: `kvinject run` sweeps its own."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        store: Store,
+        shard: tuple[int, int] | None = None,
+        claim_timeout: float = 60.0,
+        poll: float = 2.0,
+        models: Mapping[str, Model] | None = None,
+        benches: Sequence[Benchmark] = (),
+    ):
         self.grid = grid
         self.store = store
         self.cells = shard_cells(grid.cells, shard)
@@ -68,9 +81,10 @@ class Sweep:
         self.claim_timeout = claim_timeout  # seconds without a heartbeat after which a claim is taken over
         self.poll = poll  # seconds between looks at the store while everything left is claimed
         self._controls = {c.group: c for c in self.cells if c.control}
-        self._sha: dict[str, str] = {}
-        self._shapes: dict[str, Shape] = {}
-        self._benches: dict[tuple, Benchmark] = {}
+        self._loaded = dict(models or {})
+        self._sha = {spec: m.sha256 for spec, m in self._loaded.items()}
+        self._shapes = {spec: m.shape for spec, m in self._loaded.items()}
+        self._benches = {(b.name, option_items(b.options.given())): b for b in benches}
 
     def model_sha(self, spec: str) -> str:
         if spec not in self._sha:
@@ -148,7 +162,22 @@ class Sweep:
         return total
 
     def run(self, progress: SweepProgress | None = None, notice: Callable[[str], None] | None = None, stored: Callable[[str], None] | None = None) -> int:
-        """Evaluate what is missing, group by group; every finished run is stored at once.
+        """Evaluate what is missing (:meth:`results`), with a bar for all cells and one per group;
+        returns the number of runs written."""
+        group = (lambda bench, model, total: progress(f"{bench.name} {Path(model).stem}", total)) if progress else None  # a path would crowd out the bar
+        overall = progress("all cells (runs)", sum(len(p.runs) for p in self.plan())) if progress else None
+        return sum(added for _, _, added in self.results(group, overall, notice, stored))
+
+    def results(
+        self,
+        progress: GroupProgress | None = None,
+        overall: Callable[[int], None] | None = None,
+        notice: Callable[[str], None] | None = None,
+        stored: Callable[[str], None] | None = None,
+    ) -> Iterator[tuple[Cell, RunResult, bool]]:
+        """Evaluate what is missing, group by group, in the grid's order; every finished run is
+        stored at once, and yielded with its cell and whether it was stored now (a control
+        evaluated again for the runs left of its group was stored before).
 
         A group is claimed in the store before it is computed, so that workers sharing the store
         split the work: each takes the first group with runs left that no live worker holds (a
@@ -157,15 +186,15 @@ class Sweep:
         everything left is claimed by others the worker waits, looking every ``poll`` seconds,
         since a claim may still be given up or expire; it returns when nothing is left.
         ``notice`` hears what it waits for and takes over, ``stored`` a line for each run stored
-        with the runs left (for logs, where no progress bar shows). Returns the number of runs
-        written."""
+        with the runs left (for logs, where no progress bar shows); ``overall`` advances as runs of
+        this sweep's cells are stored, by it or by others."""
         notice = notice or (lambda message: None)
         total = sum(len(p.runs) for p in self.plan())  # hashes the models and reads the data before any lock
-        bar = progress("all cells (runs)", total) if progress else (lambda n: None)
-        shown = written = 0
+        bar = overall or (lambda n: None)
+        shown = 0
         waiting: set[str] = set()
 
-        def overall(n: int) -> None:
+        def advance(n: int) -> None:
             nonlocal shown
             shown += n
             bar(n)
@@ -176,15 +205,15 @@ class Sweep:
                 stored(f"{line}; {left} run{'' if left == 1 else 's'} left")
 
         backend = BackendOptions(n_gpu_layers=self.grid.n_gpu_layers, threads=self.grid.threads, parallel=self.grid.parallel)
-        models: dict[str, Model] = {}
+        models = dict(self._loaded)
         try:
             with self.store.heartbeat(self.worker, self.claim_timeout / 4):
                 while True:
                     with self.store.transaction():
                         left, members, busy = self._claim(notice)
-                    overall(total - left - shown)  # what others wrote meanwhile
+                    advance(total - left - shown)  # what others wrote meanwhile
                     if not left:
-                        return written
+                        return
                     if not members:
                         if set(busy) != waiting:
                             notice(f"waiting: what is left is being computed by other workers ({'; '.join(busy)}); looking again every {self.poll:g} s")
@@ -192,12 +221,13 @@ class Sweep:
                         time.sleep(self.poll)
                         continue
                     waiting = set()
-                    written += self._evaluate(members, models, backend, progress, overall, logged)
+                    yield from self._evaluate(members, models, backend, progress, advance, logged)
                     self.store.release(self.worker, self.group_key(members[0].cell.group))
         finally:
             self.store.release(self.worker)  # on Ctrl-C or an error: the others take over at once
-            for model in models.values():
-                model.close()
+            for spec, model in models.items():
+                if spec not in self._loaded:
+                    model.close()
 
     def _claim(self, notice: Callable[[str], None]) -> tuple[int, list[Planned], list[str]]:
         """Inside a transaction: the runs left, the members of the first group with runs left
@@ -212,7 +242,10 @@ class Sweep:
         for key in dead:
             self.store.release(others[key].worker, key)
         busy = []
-        for group, members in itertools.groupby(sorted(planned, key=lambda p: repr(p.cell.group)), key=lambda p: p.cell.group):
+        groups: dict[tuple, list[Planned]] = {}
+        for p in planned:
+            groups.setdefault(p.cell.group, []).append(p)
+        for group, members in groups.items():
             key, what = self.group_key(group), f"{group[1]} on {group[0]}, seed {group[3]}"
             if key in others:
                 who = f"{others[key].worker.host}:{others[key].worker.pid}"
@@ -221,7 +254,7 @@ class Sweep:
                     continue
                 notice(f"taking over {what} from {who}, which is gone or silent")
             self.store.claim(key, self.worker)
-            return left, list(members), busy
+            return left, members, busy
         return left, [], busy
 
     def _evaluate(
@@ -229,11 +262,11 @@ class Sweep:
         members: list[Planned],
         models: dict[str, Model],
         backend: BackendOptions,
-        progress: SweepProgress | None,
+        progress: GroupProgress | None,
         overall: Callable[[int], None],
         stored: Callable[[str], None],
-    ) -> int:
-        """One group's missing runs, its control first; returns the number of runs written."""
+    ) -> Iterator[tuple[Cell, RunResult, bool]]:
+        """One group's missing runs, its control first, each yielded as it is stored."""
         cell0 = members[0].cell
         control = self._controls[cell0.group]
         model = models.get(cell0.model) or models.setdefault(cell0.model, Model(cell0.model, backend))
@@ -247,8 +280,7 @@ class Sweep:
         golden = bench.golden(stored_control) if stored_control is not None else None
         plan = [(control.config, [0] if golden is None else [])] + [(p.cell.config, p.runs) for p in members if not p.cell.control]
         by_config = {p.cell.config: p for p in members}
-        advance = progress(f"{bench.name} {Path(cell0.model).stem}", bench.work(plan)) if progress else (lambda n: None)  # a path would crowd out the bar
-        written = 0
+        advance = progress(bench, cell0.model, bench.work(plan)) if progress else (lambda n: None)
         for result in bench.evaluate(model, plan, cell0.seed, advance, golden):
             p = by_config.get(result.config)
             key, cell = (p.key, p.cell) if p else (control_key, control)
@@ -256,7 +288,6 @@ class Sweep:
             added = self.store.add(key, result.run, settings, result.to_dict(), self.worker)
             if not added and p is None and result.outputs is not None:  # a control stored without its tokens: they are now
                 self.store.add_outputs(key, result.run, result.outputs)
-            written += added
             if p is not None:
                 overall(1)
             if added:  # not a control evaluated again for the runs left
@@ -264,7 +295,7 @@ class Sweep:
                 stored(
                     f"stored {bench.name} {Path(cell.model).name} {cell.config.label} run {result.run}: {bench.primary} {value:.4g} ({result.seconds:.0f} s)"
                 )
-        return written
+            yield cell, result, added
 
 
 def grid_summary(sweep: Sweep) -> list[dict[str, object]]:

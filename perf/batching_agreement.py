@@ -19,6 +19,7 @@ from kvinject.benchmarks.base import token_divergence
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions
 from kvinject.error_models.configuration import Configuration
+from kvinject.experiments.executor import evaluate
 
 SPECS = ("none", "normal:0,0.25")
 
@@ -38,8 +39,8 @@ def main() -> None:
     for bench in benches:
         for spec in SPECS:
             plan = [(Configuration.parse(spec), [0])]
-            (seq,), (par,) = (list(bench.evaluate(m, plan, seed=0, progress=lambda n: None)) for m in models.values())
-            d = token_divergence(seq.outputs, par.outputs)
+            (seq,), (par,) = (list(evaluate(bench, m, plan, seed=0, progress=lambda n: None)) for m in models.values())
+            d, _ = token_divergence(seq.outputs, par.outputs)
             print(
                 f"{bench.name:<10}{spec:<16}{len(bench):>6}{d['diverged']:>8.1%}{d['first_diff']:>11.1f}"
                 f"{bench.primary:>26}{seq.metrics[bench.primary]:>11.4f}{par.metrics[bench.primary]:>9.4f}"

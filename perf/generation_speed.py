@@ -29,11 +29,11 @@ import statistics
 from functools import partial
 
 from kvinject.benchmarks import IFEval
-from kvinject.benchmarks.base import generation_context
 from kvinject.engine.batching import generate_all
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions
 from kvinject.error_models.configuration import Configuration
+from kvinject.experiments.executor import evaluate, generation_context
 from tools import TakeTurns, find_tool, run_tool, spread
 
 SPECS = ("none", "normal:0,0.25")
@@ -97,7 +97,7 @@ def fixed_pair(model: Model, prompts: list[list[int]], max_tokens: int) -> dict[
 
 def ifeval_generation(model: Model, bench: IFEval, spec: str) -> tuple[float, int]:
     """(tokens/s, generated tokens) of the IFEval-style bench for one configuration."""
-    (result,) = bench.evaluate(model, [(Configuration.parse(spec), [0])], seed=0, progress=lambda n: None)
+    (result,) = evaluate(bench, model, [(Configuration.parse(spec), [0])], seed=0, progress=lambda n: None)
     return result.tokens / result.seconds, sum(map(len, result.outputs))
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from kvinject.benchmarks import base, make_bench
+from kvinject.benchmarks import make_bench
 from kvinject.benchmarks.outcomes import classify
 from kvinject.engine.batching import generate_all
 from kvinject.engine.context import Context
@@ -15,6 +15,7 @@ from kvinject.engine.target import Target
 from kvinject.error_models import Draws, parse_error
 from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import HookError, InjectionError, SpecError
+from kvinject.experiments import executor
 from kvinject.experiments.runner import run
 
 from .cache_state import read_cells
@@ -102,8 +103,8 @@ def test_a_generation_past_its_deadline_stops_after_the_pick_it_was_in(tiny):
 def test_a_campaign_counts_an_item_past_its_time_limit_as_due(tiny, monkeypatch):
     """Fault campaigns alone get the watchdog: with a limit of 0 s, every faulted item still
     generating after its first token is DUE for "timeout"; the control is timed, not limited."""
-    monkeypatch.setattr(base, "TIMEOUT_FLOOR_S", 0.0)
-    monkeypatch.setattr(base, "TIMEOUT_FACTOR", 0.0)
+    monkeypatch.setattr(executor, "TIMEOUT_FLOOR_S", 0.0)
+    monkeypatch.setattr(executor, "TIMEOUT_FACTOR", 0.0)
     bench = make_bench("nexttoken", {"limit": 8})
     control, noise, faults = run(tiny, [bench], [Configuration(), Configuration.parse("normal:0,0"), Configuration.parse("faults:1,bit=0")], runs=1)
     assert noise.items["masked"] == [1.0] * 8 and "due_timeout" not in noise.items, "only a fault campaign is limited; no DUE, no causes kept"

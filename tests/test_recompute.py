@@ -18,6 +18,7 @@ from kvinject.engine.options import CacheOptions
 from kvinject.error_models import parse_error
 from kvinject.error_models.configuration import Configuration, configurations
 from kvinject.exceptions import SpecError
+from kvinject.experiments.executor import evaluate
 from kvinject.experiments.grid import GridError, load_grid
 from kvinject.experiments.runner import run
 
@@ -76,7 +77,7 @@ def test_a_zero_noise_configuration_drifts_by_zero(tiny):
     bench = make_bench("ifeval", FAST)
     same = Configuration.parse("recompute@f32", cache=CacheOptions(flash_attn="off"))
     bench.prepare(tiny)
-    control, other = bench.evaluate(tiny, [(same, [0]), (same, [0])], 0, lambda n: None)  # configurations() would drop the twin
+    control, other = evaluate(bench, tiny, [(same, [0]), (same, [0])], 0, lambda n: None)  # configurations() would drop the twin
     for result in (control, other):
         assert result.extra["flip_rate"] == 0 and result.extra["max_dlogit"] == 0 and result.extra["kld"] == 0
         assert result.items["flipped"] == [0.0] * 3

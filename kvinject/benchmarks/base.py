@@ -3,32 +3,23 @@
 from __future__ import annotations
 
 import math
-import time
 from abc import ABC, abstractmethod
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 
 from ..engine.batching import Generation
-from ..engine.cache_free import one_pass, pass_context
-from ..engine.context import Context
-from ..engine.decoding import generator
 from ..engine.model import Model
 from ..engine.perturbation import CacheResident
 from ..engine.positions import GENERATION_SPANS, Spans
-from ..engine.prefills import Prefills
 from ..engine.realized import Realized
 from ..engine.speed import Speed
 from ..error_models.configuration import Configuration
 from ..exceptions import DataError, SpecError
 from .drift import METRICS as DRIFT
-from .drift import compare
-from .drift import summarize as summarize_drift
 from .options import Options
 from .outcomes import METRICS as OUTCOMES
-from .outcomes import classify
 
 # progress(advance) is called as items finish; benchmarks report how many units they will do.
 Progress = Callable[[int], None]
@@ -176,10 +167,12 @@ class Benchmark(ABC):
         """Progress units that ``evaluate`` will report."""
         return len(self) * sum(len(runs) for _, runs in plan)
 
-    @abstractmethod
     def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress, golden: Golden | None = None) -> Iterator[RunResult]:
-        """Evaluate the planned runs; the control (``plan[0]``) first, unless ``golden`` (what
-        ``golden`` made of its stored record) stands for it and ``plan[0]`` lists no runs."""
+        """Evaluate the planned runs, for a benchmark that decodes its own way (perplexity's
+        chunks, lm-eval's requests); the control (``plan[0]``) first, unless ``golden`` (what
+        ``golden`` made of its stored record) stands for it and ``plan[0]`` lists no runs. A
+        :class:`GenerationBenchmark` is evaluated by kvinject/experiments/executor.py instead."""
+        raise NotImplementedError(f"{self.name} neither generates (GenerationBenchmark) nor implements evaluate")
 
     def golden(self, record: dict[str, Any]) -> Golden | None:
         """What of the control's stored run can stand for it; None where the comparisons need
@@ -264,135 +257,6 @@ class GenerationBenchmark(Benchmark):
             return None
         scores = [math.nan if v is None else v for v in record["items"][self.primary]]  # NaN is stored as null
         return Golden(record["outputs"], {self.primary: scores}, record.get("seconds", 0.0))
-
-    def evaluate(self, model: Model, plan: Plan, seed: int, progress: Progress, golden: Golden | None = None) -> Iterator[RunResult]:
-        prompts = self.prompts(model)
-        max_tokens, per_seq = self.limits(prompts)
-        if per_seq > model.n_ctx_train:  # before any compute: past it the model's positions mean nothing, and memory runs out
-            longest = max(map(len, prompts), default=0)
-            raise DataError(
-                f"{self.name}: the longest prompt is {longest} tokens, and with {max_tokens} to generate it needs {per_seq}, more than "
-                f"{model.path.name}'s training context of {model.n_ctx_train}: shorten the prompts (fewer shots, shorter data) or --max-tokens"
-            )
-        named = {n for c, _ in plan if c.target.positions is not None for n in c.target.positions.names}
-        named |= {c.error.breaks_at for c, _ in plan if isinstance(c.error, CacheResident) and c.error.breaks_at}
-        spans = self.item_spans(model) if named - set(GENERATION_SPANS) else None
-        reference = plan[0][0] if plan[0][0].error.cache_free else None
-        control: RunResult | Golden | None = golden
-        prefills = Prefills()  # prompts decoded once for the configurations that leave them alone (eviction)
-        for config, runs in plan:
-            for run in runs:
-                result = self._run(model, config, run, seed, prompts, control, reference, progress, spans, prefills)
-                if control is None:
-                    control = result
-                else:  # each item against the golden run, as fault campaigns classify them
-                    items = classify(
-                        control.outputs,
-                        control.items[self.primary],
-                        result.outputs,
-                        result.items[self.primary],
-                        result.items.pop("due"),
-                        self.higher_is_better[self.primary],
-                    )
-                    result.items |= items
-                    result.extra |= {name: float(np.mean(values)) for name, values in items.items()}
-                yield result
-
-    def _run(
-        self,
-        model: Model,
-        config: Configuration,
-        run: int,
-        seed: int,
-        prompts: list[list[int]],
-        control: RunResult | Golden | None,
-        reference: Configuration | None,
-        progress: Progress,
-        spans: list[Spans] | None = None,
-        prefills: Prefills | None = None,
-    ) -> RunResult:
-        """One run; with a cache-free ``reference`` (the control), each item's logits are
-        compared with those of one pass over its tokens with the reference's cache (the
-        control's own logits are that pass: it drifts by 0)."""
-        start = time.perf_counter()
-        n = len(prompts)
-        scores: list[Any] = [None] * n
-        outputs: list[list[int]] = [[] for _ in range(n)]
-        texts = [""] * n
-        drift: list[dict[str, float]] = [{}] * n
-        due = [""] * n
-        faults: list[list[dict[str, object]] | None] = [None] * n
-        tokens = 0
-        max_tokens, per_seq = self.limits(prompts)
-        with ExitStack() as stack:
-            ctx = stack.enter_context(generation_context(model, config, seed, run, per_seq, self.sequences(model, per_seq)))
-            # A fault campaign's watchdogs: an item that hangs or raises is DUE, and the run goes on.
-            deadline = item_deadline(control, ctx.n_seq) if config.error.placed and control is not None else None
-            generations = generator(stack, ctx)(
-                prompts,
-                max_tokens,
-                self.temperature,
-                stop=self.stop(model),
-                items=range(n),
-                keep_logits=reference is not None,
-                spans=spans,
-                prefills=prefills,
-                deadline=deadline,
-                contain=config.error.placed,
-            )
-            judge = stack.enter_context(pass_context(model, reference.cache, per_seq)) if reference is not None and control is not None else None
-            for i, gen in generations:
-                scores[i] = self.score(i, gen)
-                outputs[i], texts[i], faults[i] = gen.tokens, gen.text, gen.faults
-                due[i] = self.due(gen)
-                tokens += len(prompts[i]) + len(gen.tokens)
-                if reference is not None:
-                    drift[i] = compare(gen.logits, one_pass(judge, prompts[i], gen.tokens)[: len(gen.logits)] if judge else gen.logits)
-                progress(1)
-            realized, bits = ctx.realized, ctx.cache_bits
-        metrics, items = self.summarize(scores)
-        if control is not None:
-            items["due"] = due  # taken by evaluate, which classifies each item against the control
-        extra = {}
-        if control is not None:
-            extra, divergence_items = token_divergence(control.outputs, outputs)
-            items |= divergence_items
-        if reference is not None:
-            drift_metrics, drift_items = summarize_drift(drift)
-            extra, items = {**extra, **drift_metrics}, {**items, **drift_items}
-        metrics["bits"] = bits
-        return RunResult(
-            self.name,
-            config,
-            run,
-            metrics,
-            items,
-            realized,
-            sum(cause == "nonfinite" for cause in due),
-            time.perf_counter() - start,
-            tokens,
-            extra,
-            outputs,
-            texts if self.keep_texts else None,
-            faults if config.error.placed else None,
-        )
-
-
-# An item of a fault campaign still generating after this many times its golden run's time (and
-# at least TIMEOUT_FLOOR_S seconds, so that a busy machine does not trip it) is DUE, "timeout".
-TIMEOUT_FACTOR, TIMEOUT_FLOOR_S = 20, 30.0
-
-
-def item_deadline(control: RunResult | Golden, n_seq: int) -> float:
-    """Seconds an item of a fault campaign may take: the golden run's time per item (``n_seq``
-    items at a time) times TIMEOUT_FACTOR, at least TIMEOUT_FLOOR_S."""
-    return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * control.seconds * n_seq / max(1, len(control.outputs or ())))
-
-
-def generation_context(model: Model, config: Configuration, seed: int, run: int, per_seq: int, n_seq: int) -> Context:
-    """A context for one run of a generation benchmark: ``n_seq`` sequences of ``per_seq``
-    cells each."""
-    return Context(model, config.cache, config.error, config.target, seed=seed, run=run, n_ctx=n_seq * per_seq, n_seq=n_seq)
 
 
 def nanmean(values: list[float]) -> float:

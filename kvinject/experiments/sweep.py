@@ -16,6 +16,7 @@ from ..engine.perturbation import CacheResident
 from ..engine.speed import Speed
 from ..exceptions import KvinjectError, SpecError
 from .campaign import campaign_runs
+from .executor import evaluate
 from .grid import Cell, Grid, GridError, option_items
 from .store import Claim, Store, Worker
 
@@ -281,7 +282,7 @@ class Sweep:
         plan = [(control.config, [0] if golden is None else [])] + [(p.cell.config, p.runs) for p in members if not p.cell.control]
         by_config = {p.cell.config: p for p in members}
         advance = progress(bench, cell0.model, bench.work(plan)) if progress else (lambda n: None)
-        for result in bench.evaluate(model, plan, cell0.seed, advance, golden):
+        for result in evaluate(bench, model, plan, cell0.seed, advance, golden):
             p = by_config.get(result.config)
             key, cell = (p.key, p.cell) if p else (control_key, control)
             settings = cell.settings(self.model_sha(cell.model)) | {"model": cell.model, "control": cell.control, "label": cell.config.label}

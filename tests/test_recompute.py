@@ -30,11 +30,12 @@ DRIFT = ("flip_rate", "flipped", "first_flip", "max_dlogit", "kld")
 
 def test_recompute_parses_as_a_configuration_with_its_cache_types():
     c = Configuration.parse("recompute@f32/f16")
-    assert c.error.cache_free and not c.error.injects
+    assert c.cache_free and not c.error.injects
     assert (c.cache.type_k, c.cache.type_v) == ("f32", "f16")
     assert c.label == "recompute @f32/f16"
     assert Configuration.parse(c.error.spec, cache=c.cache) == c
-    assert not parse_error("none").cache_free and not parse_error("normal:0,0.25").cache_free
+    assert Configuration.from_dict(c.to_dict()).cache_free  # a stored configuration decodes as it did
+    assert not Configuration.parse("none").cache_free and not Configuration.parse("normal:0,0.25").cache_free
 
 
 def test_drift_of_hand_made_logits():

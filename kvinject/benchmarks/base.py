@@ -247,7 +247,7 @@ class GenerationBenchmark(Benchmark):
     @classmethod
     def check(cls, config: Configuration, options: Options | None = None) -> None:
         super().check(config, options)
-        if config.error.cache_free and getattr(options, "temperature", 0.0) > 0:
+        if config.cache_free and getattr(options, "temperature", 0.0) > 0:
             raise SpecError(f"recompute generates greedily: {cls.name} needs --temperature 0 with it")
 
     def golden(self, record: dict[str, Any]) -> Golden | None:

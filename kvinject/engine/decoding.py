@@ -1,7 +1,8 @@
-"""Generation as a context's error model asks for it: with the cache (continuous batching,
-kvinject/engine/batching.py) or, for a cache-free model (``recompute``), every token from a
-pass over the whole sequence (kvinject/engine/cache_free.py). Benchmarks, `kvinject generate`
-and the layer-wise divergence all decode through here."""
+"""Generation in one of two modes: with the cache (continuous batching,
+kvinject/engine/batching.py) or cache-free, every token from a pass over the whole sequence
+(kvinject/engine/cache_free.py), which a configuration asks for by the spec ``recompute``
+(``Configuration.cache_free``). The executor, `kvinject generate` and the layer-wise divergence
+all decode through here."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from .context import Context
 Generate = Callable[..., Iterator[tuple[int, Generation]]]
 
 
-def generator(stack: ExitStack, ctx: Context) -> Generate:
+def generator(stack: ExitStack, ctx: Context, cache_free: bool = False) -> Generate:
     """``generate(prompts, max_tokens, temperature=0, stop=None, items=None, **cached)`` on
     ``ctx``, yielding ``(index, generation)`` as each prompt's generation finishes: generate_all,
-    ``cached`` its further options; or cache-free (greedy; ``cached`` does not apply), with the
+    ``cached`` its further options; or ``cache_free`` (greedy; ``cached`` does not apply), with the
     judging context (the same cache, one sequence of ``ctx.n_ctx_seq``) entered on ``stack`` once."""
-    if not ctx.error.cache_free:
+    if not cache_free:
         return partial(generate_all, ctx)
     verify = stack.enter_context(pass_context(ctx.model, ctx.cache, ctx.n_ctx_seq))
 

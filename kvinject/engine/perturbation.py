@@ -90,11 +90,6 @@ class ErrorModel(ABC):
         return False
 
     @property
-    def cache_free(self) -> bool:
-        """Generate without reusing cached K/V (kvinject/engine/cache_free.py)."""
-        return False
-
-    @property
     def law(self) -> tuple[float, ...] | None:
         """What the compiled callback computes itself in its pass over host memory, ``(kind,
         ...)``: a factor law of kvinject/engine/variates.py or a rounding (kvinject/engine/rounding.py). None:

@@ -39,6 +39,14 @@ class Configuration:
         model = model.stored(cache, target.components)
         return cls(model, target, cache)
 
+    @property
+    def cache_free(self) -> bool:
+        """Decoded without reusing cached K/V (``recompute``): each token's logits from one pass
+        over its prefix (kvinject/engine/decoding.py)."""
+        from .recompute import Recompute  # here: imported with this module, it would register first, and `kvinject errors` lists in module order
+
+        return isinstance(self.error, Recompute)
+
     def check(self, shape: Shape) -> None:
         """Fail, in one line, where a model of this shape cannot run the configuration: layers or
         KV heads the target names that it lacks, or what the error model needs of it."""

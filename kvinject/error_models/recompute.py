@@ -1,4 +1,8 @@
-"""The cache-free reference: no error, and no token's logits from K/V cached by earlier decodes."""
+"""The cache-free reference: no error, and no token's logits from K/V cached by earlier decodes.
+
+A decoding mode rather than an error: registered under its name so that ``recompute@f32`` is
+written, stored and listed as a configuration, it injects nothing, and a configuration holding
+it is cache-free (``Configuration.cache_free``), which the executor decodes accordingly."""
 
 from __future__ import annotations
 
@@ -26,10 +30,6 @@ class Recompute(ErrorModel):
     @property
     def injects(self) -> bool:
         return False
-
-    @property
-    def cache_free(self) -> bool:
-        return True
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
         pass

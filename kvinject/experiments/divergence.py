@@ -174,7 +174,7 @@ def divergence(
     with ExitStack() as stack:
 
         def capturing(config: Configuration) -> Context:
-            if config.error.cache_free:
+            if config.cache_free:
                 return stack.enter_context(pass_context(model, config.cache, n_ctx, residual=True))
             return stack.enter_context(Context(model, config.cache, config.error, config.target, seed=seed, n_ctx=n_ctx, residual=True))
 
@@ -204,14 +204,14 @@ def divergence(
 def _generator(stack: ExitStack, model: Model, reference: Configuration, prompts: Prompts, n_ctx: int, seed: int) -> Callable[[int], list[int]]:
     """item -> the reference's greedy tokens after that prompt, generated as a benchmark run does."""
     ctx = stack.enter_context(Context(model, reference.cache, reference.error, reference.target, seed=seed, n_ctx=n_ctx))
-    generate, spans = generator(stack, ctx), prompts.spans
+    generate, spans = generator(stack, ctx, reference.cache_free), prompts.spans
     return lambda i: next(generate([prompts.tokens[i]], prompts.max_tokens, stop=prompts.stop, items=[i], spans=[spans[i]] if spans else None))[1].tokens
 
 
 def _feed(ctx: Context, config: Configuration, item: int, prompt: list[int], tokens: list[int], spans: Spans) -> Iterator[tuple[int, np.ndarray]]:
     """Decode prompt and tokens as ``config`` generates; yield ``(first position, outputs)``,
     each layer's output at the decode's positions, ``(layers, rows, n_embd)``."""
-    if config.error.cache_free:
+    if config.cache_free:
         for start, _ in pass_pieces(ctx, prompt, tokens):
             yield start, ctx.residual.read()
         return

@@ -49,7 +49,7 @@ def _generate(bench: GenerationBenchmark, model: Model, plan: Plan, seed: int, p
     named = {n for c, _ in plan if c.target.positions is not None for n in c.target.positions.names}
     named |= {c.error.breaks_at for c, _ in plan if isinstance(c.error, CacheResident) and c.error.breaks_at}
     spans = bench.item_spans(model) if named - set(GENERATION_SPANS) else None
-    reference = plan[0][0] if plan[0][0].error.cache_free else None
+    reference = plan[0][0] if plan[0][0].cache_free else None
     control: RunResult | Golden | None = golden
     prefills = Prefills()  # prompts decoded once for the configurations that leave them alone (eviction)
     for config, runs in plan:
@@ -101,7 +101,7 @@ def _run(
         ctx = stack.enter_context(generation_context(model, config, seed, run, per_seq, bench.sequences(model, per_seq)))
         # A fault campaign's watchdogs: an item that hangs or raises is DUE, and the run goes on.
         deadline = item_deadline(control, ctx.n_seq) if config.error.placed and control is not None else None
-        generations = generator(stack, ctx)(
+        generations = generator(stack, ctx, config.cache_free)(
             prompts,
             max_tokens,
             bench.temperature,

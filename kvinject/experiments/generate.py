@@ -63,12 +63,12 @@ def generate(
     for config in configs:
         if config.target.positions is not None:
             config.target.positions.check("generate", GENERATION_SPANS)
-    if temperature > 0 and any(c.error.cache_free for c in configs):
+    if temperature > 0 and any(c.cache_free for c in configs):
         raise SpecError("recompute generates greedily: use temperature 0 with it")
     out = []
     for config in configs:
         with ExitStack() as stack:
             ctx = stack.enter_context(Context(model, config.cache, config.error, config.target, seed=seed, n_ctx=n_ctx))
-            ((_, gen),) = generator(stack, ctx)([tokens], max_tokens, temperature)
+            ((_, gen),) = generator(stack, ctx, config.cache_free)([tokens], max_tokens, temperature)
             out.append(Completion(config, gen.text, gen.tokens, ctx.realized, gen.nonfinite_steps))
     return out

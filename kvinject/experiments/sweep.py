@@ -166,13 +166,13 @@ class Sweep:
         """Evaluate what is missing (:meth:`results`), with a bar for all cells and one per group;
         returns the number of runs written."""
         group = (lambda bench, model, total: progress(f"{bench.name} {Path(model).stem}", total)) if progress else None  # a path would crowd out the bar
-        overall = progress("all cells (runs)", sum(len(p.runs) for p in self.plan())) if progress else None
+        overall = (lambda total: progress("all cells (runs)", total)) if progress else None
         return sum(added for _, _, added in self.results(group, overall, notice, stored))
 
     def results(
         self,
         progress: GroupProgress | None = None,
-        overall: Callable[[int], None] | None = None,
+        overall: Callable[[int], Callable[[int], None]] | None = None,
         notice: Callable[[str], None] | None = None,
         stored: Callable[[str], None] | None = None,
     ) -> Iterator[tuple[Cell, RunResult, bool]]:
@@ -187,11 +187,11 @@ class Sweep:
         everything left is claimed by others the worker waits, looking every ``poll`` seconds,
         since a claim may still be given up or expire; it returns when nothing is left.
         ``notice`` hears what it waits for and takes over, ``stored`` a line for each run stored
-        with the runs left (for logs, where no progress bar shows); ``overall`` advances as runs of
-        this sweep's cells are stored, by it or by others."""
+        with the runs left (for logs, where no progress bar shows); ``overall(total)`` makes the bar
+        of all the runs left, which advances as they are stored, by this worker or by others."""
         notice = notice or (lambda message: None)
         total = sum(len(p.runs) for p in self.plan())  # hashes the models and reads the data before any lock
-        bar = overall or (lambda n: None)
+        bar = overall(total) if overall else (lambda n: None)
         shown = 0
         waiting: set[str] = set()
 

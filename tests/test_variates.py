@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from kvinject.engine.variates import _F, _X, GENERATOR, NORMAL, SIGN, UNIFORM, Variates, factors
+from kvinject.engine.counter_rng import _F, _X
+from kvinject.engine.laws import NORMAL, SIGN, UNIFORM
+from kvinject.engine.variates import GENERATOR, Variates, factors
 from kvinject.error_models.configuration import Configuration
 
 from .cache_state import read_cache

@@ -23,7 +23,7 @@ from types import FunctionType
 import numpy as np
 from numba import config, cuda, float64, types
 
-from . import floatbits, laws, rounding, variates
+from . import counter_rng, floatbits, laws, rounding
 
 if not hasattr(np, "row_stack"):  # numba-cuda (to 0.30.4) names it when it compiles a kernel; numpy 2.5 removed it
     np.row_stack = np.vstack
@@ -64,7 +64,7 @@ else:
 
     @overload(_times, target="cuda")
     def _times_rounded(x, y):
-        """A multiply that CUDA's compiler does not fuse into an addition (variates._times)."""
+        """A multiply that CUDA's compiler does not fuse into an addition (counter_rng._times)."""
         if x == types.float32:
             return lambda x, y: libdevice.fmul_rn(x, y)
         return lambda x, y: libdevice.dmul_rn(x, y)
@@ -78,7 +78,7 @@ else:
 
 
 _dev = _for_device(
-    [variates, rounding, floatbits],
+    [counter_rng, rounding, floatbits],
     ["_mix", "hash_at", "_unit", "_normal_slow", "normal", "uniform", "factor", "round_to", "shared_scale", "round_scaled"]
     + ["f32_bits", "f32_from", "to_f16", "from_f16", "to_bf16", "from_bf16"],
     _target,

@@ -31,8 +31,9 @@ from dataclasses import fields
 import numpy as np
 from numba import carray, cfunc, njit, types
 
-from . import ggml, graph_memory, numba_cache, rounding, variates
+from . import counter_rng, ggml, graph_memory, laws, numba_cache, rounding
 from . import graph_header as gh
+from .counter_rng import factor, hash_at
 from .graph_memory import (
     _BUFFER,
     _DATA,
@@ -60,12 +61,13 @@ from .graph_memory import (
     _u32,
     _u64,
 )
+from .laws import ROUND
 from .realized import RealizedStats
-from .rounding import ROUND, round_scaled, round_to, shared_scale
-from .variates import factor, hash_at
+from .rounding import round_scaled, round_to, shared_scale
 
-# The compiled pass reads graph_header's slots and inlines graph_memory's, rounding's and variates' functions: cached, it depends on them too.
-numba_cache.stamp_with(__file__, [gh.__file__, graph_memory.__file__, rounding.__file__, variates.__file__])
+# The compiled pass reads graph_header's slots and inlines graph_memory's, rounding's and counter_rng's functions (and laws' kinds):
+# cached, it depends on them too.
+numba_cache.stamp_with(__file__, [gh.__file__, graph_memory.__file__, rounding.__file__, counter_rng.__file__, laws.__file__])
 
 # Realized-error sums per component, in RealizedStats' field order (written by _change).
 N_SUMS = len(fields(RealizedStats))

@@ -25,7 +25,6 @@ import math
 import numpy as np
 from numba import njit
 
-ROUND = 3  # the law kind of a rounding, beside kvinject/engine/variates.py's factor laws
 SCALE_EXPONENTS = (-127, 127)  # what MX's E8M0 scale represents (its all-ones code is NaN)
 
 

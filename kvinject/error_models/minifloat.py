@@ -23,8 +23,8 @@ from typing import ClassVar, Sequence
 import ml_dtypes
 import numpy as np
 
+from ..engine.laws import ROUND
 from ..engine.perturbation import ErrorModel
-from ..engine.rounding import ROUND, round_array, round_blocks
 from ..engine.variates import Draws
 from ..exceptions import SpecError
 from .registry import register, row_groups
@@ -84,6 +84,8 @@ class Minifloat(ErrorModel):
         return self.element_bits + (SCALE_BITS / self.block if self.block else 0)
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        from ..engine.rounding import round_array, round_blocks  # compiled: only where the callback does not round (its law)
+
         largest, nmant, minexp = self._format
         if self.block:
             round_blocks(row_groups(x, self.block, "'float': block"), largest, nmant, minexp)

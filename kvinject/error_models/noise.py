@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..engine.laws import NORMAL, UNIFORM
 from ..engine.perturbation import Multiplicative
-from ..engine.variates import NORMAL, UNIFORM
 from ..exceptions import SpecError
 from .registry import register
 

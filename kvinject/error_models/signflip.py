@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..engine.laws import SIGN
 from ..engine.perturbation import Multiplicative
-from ..engine.variates import SIGN
 from ..exceptions import SpecError
 from .registry import register
 

@@ -186,9 +186,10 @@ class Benchmark(ABC):
 
 
 class GenerationBenchmark(Benchmark):
-    """A benchmark that generates after each item's prompt (continuous batching, per-item
-    noise streams) and scores each generation; divergence from the control's tokens comes
-    with every other configuration, and against a cache-free control (``recompute``) the
+    """A benchmark that generates after each item's prompt and scores each generation: it
+    gives the prompts, limits, scoring and summaries, and kvinject/experiments/executor.py
+    decodes (continuous batching, per-item noise streams). Divergence from the control's tokens
+    comes with every other configuration, and against a cache-free control (``recompute``) the
     token flips and logit drift of every configuration (kvinject/benchmarks/drift.py)."""
 
     keep_texts: ClassVar[bool] = False  # record the generated texts with the results

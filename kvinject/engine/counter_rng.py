@@ -2,8 +2,8 @@
 output function of ``(key, n)``, uniforms from its top 24 bits and ziggurat normals, which the
 compiled callback inlines where it multiplies (kvinject/engine/graph_callback.py) and the device
 kernel compiles again (kvinject/engine/device_kernels.py). Apart from kvinject/engine/variates.py,
-whose streams and law kinds every error model imports, so that a run with no noise to compute
-(a control, a native cache type) does not load numba."""
+whose streams every error model imports, so that a run with nothing to inject (a control, a
+native cache type) does not load numba (about 65 MB)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from kvinject.error_models import REGISTRY, Draws, parse_error
+from kvinject.error_models import REGISTRY, Draws, ErrorModel, parse_error
 from kvinject.exceptions import SpecError
 
 
@@ -9,7 +9,8 @@ def perturb(spec: str, x: np.ndarray, seed: int = 0) -> np.ndarray:
     model = parse_error(spec)
     draws = model.stream(np.random.default_rng(seed), (x.size, 0))  # an item whose prompt wrote all of x
     y = x.copy()
-    model.apply(y, draws)
+    if model.at_entry is not None:  # a cache-resident model, the control and cache-free decoding change nothing at entry
+        model.at_entry.apply(y, draws)
     return y
 
 
@@ -140,3 +141,27 @@ def test_specs_that_would_run_less_than_their_label_says_are_refused():
         parse_error("evict:streaming,4,sinks=8")
     parse_error("evict:streaming,4,sinks=3")
     parse_error("evict:streaming,0.25,sinks=8")  # a ratio's budget depends on the length: capped per sequence, as documented
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_model_acts_at_entry_or_on_the_resident_cache_or_not_at_all(name: str) -> None:
+    model = parse_error(REGISTRY[name].example)
+    entry, resident = model.at_entry, model.resident
+    assert entry is None or resident is None, "one part changes the cache: both would account the same values twice"
+    assert model.injects == (entry is not None or resident is not None)
+    assert entry in (None, model) and resident in (None, model)
+    assert model.injects == (name not in ("none", "recompute"))
+
+
+def test_a_model_written_against_the_one_class_contract_is_refused_at_definition() -> None:
+    with pytest.raises(TypeError, match="defines apply: subclass EntryModel"):
+
+        class Halve(ErrorModel):
+            def apply(self, x, draws):
+                x *= 0.5
+
+    with pytest.raises(TypeError, match="defines after_decode: subclass CacheResident"):
+
+        class Forget(ErrorModel):
+            def after_decode(self, cache, grown):
+                pass

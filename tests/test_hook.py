@@ -13,7 +13,7 @@ from kvinject.engine.graph_plan import GraphNode, GraphPlan
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions, CacheOptions
 from kvinject.engine.target import Target
-from kvinject.error_models import REGISTRY, CacheResident, ErrorModel, Multiplicative, parse_error
+from kvinject.error_models import REGISTRY, EntryModel, Multiplicative, parse_error
 from kvinject.exceptions import InjectionError, ModelError
 
 from .cache_state import read_cache
@@ -176,11 +176,11 @@ def test_same_seed_reproduces_and_another_seed_differs(tiny):
 
 
 @dataclass(frozen=True)
-class InPython(ErrorModel):
+class InPython(EntryModel):
     """A model the compiled callback computes itself, wrapped so that it hands it to Python,
     which applies it there (multiplies by the same factors, rounds the same way)."""
 
-    inner: ErrorModel
+    inner: EntryModel
     name = "in-python"
     syntax = summary = example = "in-python"
 
@@ -195,7 +195,7 @@ class InPython(ErrorModel):
         self.inner.apply(x, draws)
 
 
-COMPILED = sorted(name for name, cls in REGISTRY.items() if parse_error(cls.example).law is not None)
+COMPILED = sorted(name for name, cls in REGISTRY.items() if (entry := parse_error(cls.example).at_entry) is not None and entry.law is not None)
 
 
 def test_the_compiled_models_are_the_multiplicative_ones_and_rounding():
@@ -252,20 +252,21 @@ def test_every_error_model_through_the_real_hook(tiny, name):
         n_calls = len(tiny.tokenize(PROMPT)) // c1.n_batch + 1 + 3
         assert dict(c1.hook.site_counts) == {(comp, il): n_calls for comp in "kv" for il in range(tiny.n_layer)}
         prompt = len(tiny.tokenize(PROMPT))  # the generated tokens after it may differ
-        if model.placed or isinstance(model, CacheResident):  # layer 0's prompt rows may have no change
+        entry = model.at_entry
+        if model.placed or entry is None:  # layer 0's prompt rows may have no change
             assert any(got[site].shape != base[site].shape or not np.array_equal(got[site], base[site]) for site in base)
-        for component in "" if model.placed or isinstance(model, CacheResident) else "v" if model.pre_rope else "kv":
+        for component in "" if model.placed or entry is None else "v" if entry.pre_rope else "kv":
             before, after = base[component, 0][:prompt], got[component, 0][:prompt]
             assert not np.array_equal(after, before)
             if not model.random:
                 expect = before.copy()
-                c1.hook.error.apply_at(expect, None, component, 0)
+                c1.hook.entry.apply_at(expect, None, component, 0)
                 assert np.array_equal(after, expect, equal_nan=True)
     c0.close()
     c1.close()
 
 
-class Boom(ErrorModel):
+class Boom(EntryModel):
     name = "boom"
     syntax = summary = example = "boom"
 

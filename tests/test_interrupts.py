@@ -19,7 +19,7 @@ from kvinject.engine.context import Context
 from kvinject.engine.llama_log import _Log
 from kvinject.engine.model import Model
 from kvinject.engine.options import CacheOptions
-from kvinject.error_models import ErrorModel
+from kvinject.error_models import EntryModel
 
 _CMP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
 _pressed: list[bool] = []
@@ -89,7 +89,7 @@ def test_ctrl_c_in_llama_cpp_s_log_callback_is_not_lost(handler, lost, tiny_path
     assert not lost and len(lines) > 10  # loading went on, logging, after the Ctrl-C
 
 
-class _CtrlC(ErrorModel):
+class _CtrlC(EntryModel):
     name = "ctrl-c"
     syntax = summary = example = "ctrl-c"
 

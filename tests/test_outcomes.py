@@ -10,7 +10,7 @@ from kvinject.benchmarks.outcomes import classify
 from kvinject.engine.batching import generate_all
 from kvinject.engine.context import Context
 from kvinject.engine.options import CacheOptions
-from kvinject.engine.perturbation import ErrorModel
+from kvinject.engine.perturbation import EntryModel
 from kvinject.engine.target import Target
 from kvinject.error_models import Draws, parse_error
 from kvinject.error_models.configuration import Configuration
@@ -56,7 +56,7 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog.", "One two three four f
 
 
 @dataclass(frozen=True)
-class _RaisesAt(ErrorModel):
+class _RaisesAt(EntryModel):
     """Changes nothing, and raises in the hook's Python side for a decode of ``rows`` tokens."""
 
     rows: int

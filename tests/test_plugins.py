@@ -16,12 +16,12 @@ MODELS = """
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvinject.error_models import ErrorModel, register
+from kvinject.error_models import EntryModel, register
 
 
 @register
 @dataclass(frozen=True)
-class Halve(ErrorModel):
+class Halve(EntryModel):
     name: ClassVar[str] = "halve"
     syntax: ClassVar[str] = "halve"
     summary: ClassVar[str] = "Halve every component."
@@ -32,7 +32,7 @@ class Halve(ErrorModel):
 
 
 @dataclass(frozen=True)
-class Negate(ErrorModel):  # not decorated: the entry point names the class, which is registered
+class Negate(EntryModel):  # not decorated: the entry point names the class, which is registered
     name: ClassVar[str] = "negate"
     syntax: ClassVar[str] = "negate"
     summary: ClassVar[str] = "Flip the sign of every component."
@@ -43,7 +43,7 @@ class Negate(ErrorModel):  # not decorated: the entry point names the class, whi
 
 
 @dataclass(frozen=True)
-class Impostor(ErrorModel):  # takes a built-in's name: refused, the built-in stays
+class Impostor(EntryModel):  # takes a built-in's name: refused, the built-in stays
     name: ClassVar[str] = "normal"
     syntax: ClassVar[str] = "normal"
     summary: ClassVar[str] = "Not kvinject's normal."
@@ -51,6 +51,19 @@ class Impostor(ErrorModel):  # takes a built-in's name: refused, the built-in st
 
     def apply(self, x, draws):
         x *= 0.0
+"""
+
+# A model written as before error models had parts: apply on ErrorModel would hook nothing.
+OLD_STYLE = """
+from kvinject.error_models import ErrorModel
+
+
+class Double(ErrorModel):
+    name = "double"
+    syntax = summary = example = "double"
+
+    def apply(self, x, draws):
+        x *= 2.0
 """
 
 BENCH = """
@@ -102,6 +115,7 @@ halve = kvinject_demo.models
 negate = kvinject_demo.models:Negate
 broken = kvinject_demo.missing
 impostor = kvinject_demo.models:Impostor
+old = kvinject_demo.old_style
 
 [kvinject.benchmarks]
 echo = kvinject_demo.bench
@@ -114,6 +128,7 @@ def plugin_path(tmp_path_factory) -> Path:
     (root / "kvinject_demo").mkdir()
     (root / "kvinject_demo" / "__init__.py").write_text("")
     (root / "kvinject_demo" / "models.py").write_text(MODELS)
+    (root / "kvinject_demo" / "old_style.py").write_text(OLD_STYLE)
     (root / "kvinject_demo" / "bench.py").write_text(BENCH)
     info = root / "kvinject_demo-0.1.dist-info"
     info.mkdir()
@@ -134,6 +149,7 @@ def test_plugins_are_listed_and_a_broken_one_is_named_not_fatal(plugin_path):
     assert "'broken' of kvinject-demo (kvinject_demo.missing) failed to load" in out.stderr
     assert "'impostor' of kvinject-demo" in out.stderr and "the error model name 'normal' is taken by kvinject.error_models.noise.Normal" in out.stderr
     assert "Not kvinject's normal." not in out.stdout and "kv += kv * N(MEAN,STD)" in out.stdout
+    assert "'old' of kvinject-demo (kvinject_demo.old_style) failed to load and is left out: Double defines apply: subclass EntryModel" in out.stderr
     listing = json.loads(kvinject(plugin_path, "benchmarks", "--format", "json").stdout)
     assert "echo" in [b["name"] for b in listing]
 

@@ -11,7 +11,6 @@ import numpy as np
 
 from ..engine.batching import Generation
 from ..engine.model import Model
-from ..engine.perturbation import CacheResident
 from ..engine.positions import GENERATION_SPANS, Spans
 from ..engine.realized import Realized
 from ..engine.speed import Speed
@@ -153,7 +152,7 @@ class Benchmark(ABC):
         (its --positions name a span the benchmark does not declare, say); before anything runs."""
         if config.target.positions is not None:
             config.target.positions.check(cls.name, cls.spans)
-        breaks_at = config.error.breaks_at if isinstance(config.error, CacheResident) else None
+        breaks_at = config.error.resident.breaks_at if config.error.resident is not None else None
         if breaks_at is not None and breaks_at not in cls.spans:
             raise SpecError(
                 f"'{config.error.spec}' acts where each prompt's {breaks_at} ends, and {cls.name} marks no {breaks_at} "

@@ -31,7 +31,6 @@ from llama_cpp import llama_cpp as ll
 from ..data import read_text
 from ..engine.context import Context
 from ..engine.model import Model
-from ..engine.perturbation import CacheResident
 from ..engine.realized import sumsq
 from ..engine.speed import Speed
 from ..error_models.configuration import Configuration
@@ -94,7 +93,7 @@ class Perplexity(Benchmark):
     @classmethod
     def check(cls, config: Configuration, options: Options | None = None) -> None:
         super().check(config, options)
-        if isinstance(config.error, CacheResident) and not (isinstance(options, PerplexityOptions) and options.step):
+        if config.error.resident is not None and not (isinstance(options, PerplexityOptions) and options.step):
             raise SpecError(
                 f"'{config.error.spec}' changes the cache between decodes, and perplexity decodes a chunk at once (a long one in "
                 "pieces of 512 tokens), so its scored tokens read none of the change, or what the pieces' boundaries let them: "

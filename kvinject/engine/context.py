@@ -18,7 +18,7 @@ from .cache_writes import Writes
 from .ggml import CACHE_TYPES
 from .llama_log import captured_log
 from .options import CacheOptions
-from .perturbation import CacheResident, ErrorModel, NoError, check_configuration
+from .perturbation import ErrorModel, NoError, check_configuration
 from .positions import Spans
 from .prefills import Prefills, Seen, Snapshot
 from .realized import Realized
@@ -148,11 +148,11 @@ class Context:
         self.n_vocab = model.n_vocab
         self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq)
         self.resident = None
-        if isinstance(self.error, CacheResident):
+        if (resident := self.error.resident) is not None:
             memory = ll.llama_get_memory(self._ptr)
             n_cells = ll.llama_n_ctx(self._ptr)
             self.resident = ResidentCache(
-                self.error,
+                resident,
                 self.target,
                 model.n_layer,
                 n_cells,
@@ -161,12 +161,12 @@ class Context:
                 model.n_head_kv,
                 self._spans,
                 self.hook.writes.tensors,  # learned below
-                self.hook.hide_cells(n_cells) if self.error.hides else None,
+                self.hook.hide_cells(n_cells) if resident.hides else None,
                 model.rope,
             )
-            if self.error.queries:
+            if resident.queries:
                 self.hook.read_queries(model.n_head * model.head_dim_k)
-            if self.error.attention:
+            if resident.attention:
                 self.hook.attend(n_cells)
         if self.hook is not None:
             self.hook.learn(lambda: self._llama_decode([(model.bos, 0, 0, False)]))
@@ -207,7 +207,7 @@ class Context:
         """Where a prompt piece of ``seq`` from ``start`` to ``stop`` must end early: at the end
         of the span the context's cache-resident model acts after (its ``breaks_at``), if that
         falls inside the piece or at its end (where it must ask for logits all the same)."""
-        name = self.resident.model.breaks_at if self.resident is not None else None
+        name = self.error.resident.breaks_at if self.error.resident is not None else None
         end = self.resident.span_end(seq, name) if name else None
         return end if end is not None and start < end <= stop else None
 
@@ -218,11 +218,12 @@ class Context:
         and, where that is the whole prompt, its last token's logits; otherwise a snapshot is
         taken once the decodes get there (0, None). Only a cache-resident model that acts at the
         prompt's end (``shares_prefill``), with one sequence in the context, shares."""
-        if prefills is None or self.resident is None or not self.error.shares_prefill or self.n_seq != 1:
+        resident = self.error.resident
+        if prefills is None or resident is None or not resident.shares_prefill or self.n_seq != 1:
             return 0, None
-        name = self.error.breaks_at
+        name = resident.breaks_at
         end = self.resident.span_end(seq, name) if name else len(prompt)
-        key = (self.cache, self.n_ctx_seq, self.n_batch, self.error.attention, self.error.queries, tuple(prompt[:end]))
+        key = (self.cache, self.n_ctx_seq, self.n_batch, resident.attention, resident.queries, tuple(prompt[:end]))
         ll.llama_memory_clear(ll.llama_get_memory(self._ptr), False)  # the cells from 0 on, as a restore puts them
         snapshot = prefills.get(key)
         if snapshot is None:
@@ -368,7 +369,7 @@ class Context:
     def _selected(self, entries: Sequence[tuple[int, int, int, bool]]) -> np.ndarray | None:
         """The rows of the decode that ``--positions`` selects and the error model's attention
         sinks leave out (None: all)."""
-        positions, sinks = self.target.positions, self.error.sink_tokens
+        positions, sinks = self.target.positions, self.error.at_entry.sink_tokens if self.error.at_entry is not None else 0
         if positions is None and not sinks:
             return None
         pos = np.array([p for _, p, _, _ in entries], np.int64)

@@ -37,7 +37,7 @@ from .cache_writes import CacheWrites, Writes
 from .device import DeviceChange
 from .graph_plan import GraphNode, GraphPlan
 from .hidden import HiddenCells
-from .perturbation import CacheResident, ErrorModel
+from .perturbation import ErrorModel
 from .queries import Queries
 from .realized import Realized, RealizedStats, Staging, Workspace
 from .sites import Placed, locate
@@ -65,14 +65,14 @@ class KVHook:
 
     def __init__(self, error: ErrorModel, target: Target, n_layer: int, row_k: int, row_v: int, n_head_kv: int):
         self.error = error
+        self.entry = entry = error.at_entry
         self.row = {"k": row_k, "v": row_v}
         self._expected = {(c, il) for il in range(n_layer) for c in "kv" if target.wants(c, il)}
         self._expected_rows = np.array(sorted(_site(c, il) for c, il in self._expected), np.int64)
         self._decodes = 0  # decodes that perturbed every targeted site once
         self._python_realized = Realized.empty()  # what the Python side changed
-        # A cache-resident model changes nothing at entry: no node is claimed, cache writes are recorded.
-        entry = not isinstance(error, CacheResident)
-        self._names = {self._node_name(c, il): (c, il) for c, il in self._expected} if entry else {}
+        # A model that changes nothing at entry (cache-resident) claims no node; cache writes are recorded.
+        self._names = {self._node_name(c, il): (c, il) for c, il in self._expected} if entry is not None else {}
         self._width = sum(self.row[c] for c, _ in self._expected)  # values one token draws per decode
         self._n_head_kv = n_head_kv
         self._at: dict[tuple[str, int], int] = {}  # each site's first component in a row of the decode's noise
@@ -104,13 +104,13 @@ class KVHook:
         self._total_outside = np.zeros((2, gc.N_SUMS), np.float64)
         self._python_outside = Realized.empty()
         self._segments = np.zeros((3, 0), np.int64)  # per segment: stream key (bits), first value, rows
-        law = error.law
+        law = entry.law if entry is not None else None
         self._law = np.zeros(gh.LAW_SLOTS, np.float64)
         self._law[: len(law or ())] = law or ()
         self._python_apply = _APPLY(self._apply)
         # Faults in quantized blocks: taken where K/V enter, flipped in the blocks once llama.cpp
         # has written them (:meth:`_written`), before attention reads them.
-        self._blocks = BlockFaults(error.blocks) if error.blocks else None
+        self._blocks = BlockFaults(entry.blocks) if entry is not None and entry.blocks else None
         self._python_written = _APPLY(self._written)
         self._queue = np.zeros((2 * n_layer, 3), np.int64)
         self._head = head = np.zeros(gh.HEADER, np.int64)
@@ -127,13 +127,13 @@ class KVHook:
         head[gh.ROW_K], head[gh.ROW_V] = row_k, row_v
         head[gh.PREFIX_K], head[gh.PREFIX_V] = (gc.prefix(self._node_name(c, 0)) for c in "kv")
         head[gh.NATIVE] = law is not None
-        head[gh.PRE_ROPE] = error.pre_rope
+        head[gh.PRE_ROPE] = self._pre_rope = entry is not None and entry.pre_rope
         head[gh.PYTHON_APPLY] = ctypes.cast(self._python_apply, ctypes.c_void_p).value
         head[gh.WRITTEN] = ctypes.cast(self._python_written, ctypes.c_void_p).value if self._blocks else 0
         head[gh.IS_HOST], head[gh.IS_CONTIGUOUS] = (
             ctypes.cast(fn, ctypes.c_void_p).value for fn in (ggml.lib().ggml_backend_buffer_is_host, ggml.lib().ggml_is_contiguous)
         )
-        self.writes = None if entry else CacheWrites(head, n_layer)
+        self.writes = None if entry is not None else CacheWrites(head, n_layer)
         self.attention: AttentionSums | None = None
         self.hidden: HiddenCells | None = None
         self.queries: Queries | None = None
@@ -234,12 +234,12 @@ class KVHook:
         if self.writes is not None:
             self.writes.learn(ptrs)
         names = dict(self._names)
-        if self.error.pre_rope:  # K as RoPE reads it may carry a tag (Gemma's Kcur_normed-<il>), as the callback allows
+        if self._pre_rope:  # K as RoPE reads it may carry a tag (Gemma's Kcur_normed-<il>), as the callback allows
             for node in nodes:
                 m = _TAGGED_K.fullmatch(node.name)
                 if m and len(node.name) < 16 and ("k", int(m[1])) in self._expected:
                     names.setdefault(node.name, ("k", int(m[1])))
-        self.plan = GraphPlan.learn(nodes, names, self.error.pre_rope)
+        self.plan = GraphPlan.learn(nodes, names, self._pre_rope)
         missing = sorted(self._names[n] for n in set(self._names) - set(self.plan.n_runs))
         if missing:
             raise ModelError(
@@ -292,7 +292,7 @@ class KVHook:
         if isinstance(x, np.ndarray):  # host memory: change it in place
             before, after = self._staged[component].slots(x.size)
             np.copyto(before, x.reshape(-1))
-            self.error.apply_at(x, self._noise, component, layer)
+            self.entry.apply_at(x, self._noise, component, layer)
             if keep is not None:
                 x[keep] = before.reshape(x.shape)[keep]
             np.copyto(after, x.reshape(-1))
@@ -300,7 +300,7 @@ class KVHook:
             before, after = self._staged[component].slots(x[0] * x[1])
             ggml.lib().ggml_backend_tensor_get(ptr, before.ctypes.data, 0, before.nbytes)
             np.copyto(after, before)
-            self.error.apply_at(after.reshape(x), self._noise, component, layer)
+            self.entry.apply_at(after.reshape(x), self._noise, component, layer)
             if keep is not None:
                 after.reshape(x)[keep] = before.reshape(x)[keep]
             ggml.lib().ggml_backend_tensor_set(ptr, after.ctypes.data, 0, after.nbytes)
@@ -334,7 +334,7 @@ class KVHook:
         where they are copied: no law for it (kvinject/engine/laws.py), no CUDA here, or another device."""
         if not self._device_tried:
             self._device_tried = True
-            law = self.error.device_law
+            law = self.entry.device_law
             if law is not None and device.usable():
                 self._device = DeviceChange(law, self._columns)
         if self._device is None or not self._device.span_fits(row) or not device.first_cuda_buffer(t.buffer):
@@ -420,7 +420,7 @@ class KVHook:
                     before, after = staged.before[: staged.n], staged.after[: staged.n]
                     keep = self._kept(c)
                     shape = (staged.sites, *keep.shape) if keep is not None else None
-                    unchanged = self.error.unchanged(before)
+                    unchanged = self.entry.unchanged(before)
                     if unchanged is not before and keep is not None:  # the values left out are the same as before
                         unchanged.reshape(shape)[:, keep] = before.reshape(shape)[:, keep]
                     getattr(self._python_realized, c).add(unchanged, after, staged.sites, self._work)

@@ -1,8 +1,10 @@
 """The contract between the engine and error models: what the hook and a context call on the
 model a configuration holds, and the noise streams models draw from.
 
-Each model is a small frozen dataclass, parsed from a spec such as ``normal:0,0.25`` and
-applied in place to a float32 array of K or V rows. Multiplicative models give a law whose
+Each model is a small frozen dataclass, parsed from a spec such as ``normal:0,0.25``, and acts in
+one of two parts: an :class:`EntryModel` changes a float32 array of K or V rows in place as they
+enter the cache (the hook asks ``error.at_entry``), a :class:`CacheResident` changes cells already
+in the cache after each decode (the context asks ``error.resident``). Multiplicative models give a law whose
 factors the compiled callback computes as it applies them (kvinject/engine/variates.py); other
 models that need randomness draw it in large blocks (``draw``) from a :class:`Draws` stream,
 so the hook pays for one slice per cache write instead of one random-number call. The models
@@ -31,13 +33,26 @@ if TYPE_CHECKING:
 
 
 class ErrorModel(ABC):
-    """One kind of error. Subclasses set ``name``, ``syntax`` and ``summary`` and implement
-    ``apply``; those that need randomness also implement ``draw``."""
+    """One kind of error, in three parts that its users ask for: what it does to a K or V vector
+    as it enters the cache (:attr:`at_entry`, an :class:`EntryModel`), what it does to the cells
+    already in the cache between decodes (:attr:`resident`, a :class:`CacheResident`), and how
+    many bits a compressor producing its values stores (:meth:`bits_per_element`). Besides those:
+    its spec, its randomness, and the checks and resolutions a configuration makes before
+    anything runs. A model subclasses :class:`EntryModel` or :class:`CacheResident`; one that
+    subclasses neither changes nothing (the control, cache-free decoding)."""
 
     name: ClassVar[str]
     syntax: ClassVar[str]
     summary: ClassVar[str]
     example: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # A model written against the old one-class contract (apply on ErrorModel) would be
+        # registered, hooked nowhere and silently change nothing.
+        super().__init_subclass__(**kwargs)
+        for method, part in (("apply", "EntryModel"), ("after_decode", "CacheResident")):
+            if hasattr(cls, method) and not any(b.__name__ == part and b.__module__ == __name__ for b in cls.__mro__):
+                raise TypeError(f"{cls.__qualname__} defines {method}: subclass {part} (kvinject.error_models), not ErrorModel")
 
     @classmethod
     def parse(cls, args: list[str], options: dict[str, str]) -> ErrorModel:
@@ -74,8 +89,19 @@ class ErrorModel(ABC):
         return f"{self.name}:{values}" if values else self.name
 
     @property
+    def at_entry(self) -> EntryModel | None:
+        """What the hook applies to K/V as they enter the cache; None: nothing."""
+        return None
+
+    @property
+    def resident(self) -> CacheResident | None:
+        """What the context runs on the cache after each decode; None: nothing."""
+        return None
+
+    @property
     def injects(self) -> bool:
-        return True
+        """Puts error into the cache, at entry or resident: a context hooks its graph for it."""
+        return self.at_entry is not None or self.resident is not None
 
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         """Bits per element of K or V (``component``) a compressor producing this model's values
@@ -83,30 +109,6 @@ class ErrorModel(ABC):
         element and holds sequences of ``lengths`` tokens (none known: long ones) in rows of
         ``row`` components (0: not known). Noise and faults compress nothing."""
         return stored
-
-    @property
-    def pre_rope(self) -> bool:
-        """Change K where RoPE reads it rather than where the cache write does (kvinject/engine/hook.py)."""
-        return False
-
-    @property
-    def law(self) -> tuple[float, ...] | None:
-        """What the compiled callback computes itself in its pass over host memory, ``(kind,
-        ...)``: a factor law of kvinject/engine/variates.py or a rounding (kvinject/engine/rounding.py). None:
-        :meth:`apply` runs in Python."""
-        return None
-
-    @property
-    def blocks(self) -> BlockFormat | None:
-        """The quantized blocks whose bits this model flips in the cache once llama.cpp has
-        written them (kvinject/engine/blocks.py); None: it changes K and V as they enter."""
-        return None
-
-    @property
-    def device_law(self) -> tuple[float, ...] | None:
-        """What the device kernel computes on K/V in GPU memory (kvinject/engine/laws.py): ``law``, or a
-        kind only the device computes. None: the values are copied to the host and :meth:`apply` runs there."""
-        return self.law
 
     def stream(self, rng: np.random.Generator, span: tuple[int, int] | None) -> Draws | None:
         """The random values of one item, drawn from ``rng``; ``span``: how many values the
@@ -119,16 +121,14 @@ class ErrorModel(ABC):
 
     @property
     def random(self) -> bool:
+        """Differs from run to run: a configuration holding it is repeated (--runs)."""
         return type(self).draw is not ErrorModel.draw
 
-    @abstractmethod
-    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
-        """Change ``x`` (float32, shape (rows, components)) in place."""
-
-    def apply_at(self, x: np.ndarray, draws: Draws | None, component: str, layer: int) -> None:
-        """:meth:`apply` to the K or V rows (``component``) of one layer, for models whose
-        parameters differ from layer to layer."""
-        self.apply(x, draws)
+    @property
+    def placed(self) -> bool:
+        """Places a fixed number of changes among every value an item writes to the targeted
+        layers, so that a narrower selection (--positions, --heads) would lose some."""
+        return False
 
     def stored(self, cache: CacheOptions, components: str) -> ErrorModel:
         """The model as it acts on the values a cache of these types stores for ``components``
@@ -141,27 +141,11 @@ class ErrorModel(ABC):
         to be (kvquant's K ranges), itself otherwise."""
         return self
 
-    def unchanged(self, x: np.ndarray) -> np.ndarray:
-        """The values the realized statistics measure the change from: ``x`` itself, or the
-        value a model starts from where it is not ``x`` (bit flips act on the stored format's)."""
-        return x
-
-    @property
-    def sink_tokens(self) -> int:
-        """The first positions of every sequence the model leaves exact (attention sinks)."""
-        return 0
-
     def span(self, component: str, row: int) -> int:
         """How many consecutive components of a K or V row of ``row`` the model computes together
         (a quantization group, an MX block, a whole row): 1 for a model of each value alone. With
         --heads a span must stay within a KV head, or the heads left out would shape the others."""
         return 1
-
-    @property
-    def placed(self) -> bool:
-        """Places a fixed number of changes among every value an item writes to the targeted
-        layers, so that a narrower selection (--positions, --heads) would lose some."""
-        return False
 
     def check_target(self, target: Target, cache: CacheOptions) -> None:
         """Refuse, in one line, a target or cache types this model cannot work with: when a
@@ -192,6 +176,58 @@ class ErrorModel(ABC):
                 )
 
 
+class EntryModel(ErrorModel):
+    """A model that changes K/V as they enter the cache, one decode's rows at a time: ``apply``
+    in Python, or a ``law`` the compiled callback computes itself (kvinject/engine/hook.py)."""
+
+    @property
+    def at_entry(self) -> EntryModel:
+        return self
+
+    @abstractmethod
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        """Change ``x`` (float32, shape (rows, components)) in place."""
+
+    def apply_at(self, x: np.ndarray, draws: Draws | None, component: str, layer: int) -> None:
+        """:meth:`apply` to the K or V rows (``component``) of one layer, for models whose
+        parameters differ from layer to layer."""
+        self.apply(x, draws)
+
+    @property
+    def law(self) -> tuple[float, ...] | None:
+        """What the compiled callback computes itself in its pass over host memory, ``(kind,
+        ...)``: a factor law of kvinject/engine/variates.py or a rounding (kvinject/engine/rounding.py). None:
+        :meth:`apply` runs in Python."""
+        return None
+
+    @property
+    def device_law(self) -> tuple[float, ...] | None:
+        """What the device kernel computes on K/V in GPU memory (kvinject/engine/laws.py): ``law``, or a
+        kind only the device computes. None: the values are copied to the host and :meth:`apply` runs there."""
+        return self.law
+
+    @property
+    def pre_rope(self) -> bool:
+        """Change K where RoPE reads it rather than where the cache write does (kvinject/engine/hook.py)."""
+        return False
+
+    @property
+    def blocks(self) -> BlockFormat | None:
+        """The quantized blocks whose bits this model flips in the cache once llama.cpp has
+        written them (kvinject/engine/blocks.py); None: it changes K and V as they enter."""
+        return None
+
+    def unchanged(self, x: np.ndarray) -> np.ndarray:
+        """The values the realized statistics measure the change from: ``x`` itself, or the
+        value a model starts from where it is not ``x`` (bit flips act on the stored format's)."""
+        return x
+
+    @property
+    def sink_tokens(self) -> int:
+        """The first positions of every sequence the model leaves exact (attention sinks)."""
+        return 0
+
+
 def _selecting(target: Target) -> str | None:
     """The option that narrows the target to some values of K/V as they enter the cache
     (--positions, else --heads), or None."""
@@ -210,7 +246,7 @@ def _convert(model: str, field: str, typ: object, text: str) -> object:
     return parse_scalar(f"'{model}': {field}", optional(typ)[0], text)
 
 
-class Multiplicative(ErrorModel):
+class Multiplicative(EntryModel):
     """kv = kv * factor, one random factor per component under ``law`` (kvinject/engine/variates.py),
     which the compiled callback computes as it multiplies."""
 
@@ -237,8 +273,9 @@ class CacheResident(ErrorModel):
     it; the context calls :meth:`check` before it creates its llama context and
     :meth:`after_decode` after every decode (kvinject/engine/resident.py)."""
 
-    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
-        """Nothing happens at entry."""
+    @property
+    def resident(self) -> CacheResident:
+        return self
 
     @property
     def attention(self) -> bool:
@@ -287,13 +324,6 @@ class NoError(ErrorModel):
     summary: ClassVar[str] = "Control: no hook is installed and the cache is left alone."
     example: ClassVar[str] = "none"
 
-    @property
-    def injects(self) -> bool:
-        return False
-
-    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
-        pass
-
 
 def changed_nothing(error: ErrorModel, realized: Realized) -> bool | None:
     """Whether ``error``, in a run that realized ``realized``, changed no value of the cache (a
@@ -303,7 +333,7 @@ def changed_nothing(error: ErrorModel, realized: Realized) -> bool | None:
     if not error.injects:
         return False
     k, v = realized.k, realized.v
-    if isinstance(error, CacheResident) and k.values + v.values == 0:
+    if error.resident is not None and k.values + v.values == 0:
         return None
     return k.changed + v.changed == 0
 

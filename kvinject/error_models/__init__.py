@@ -10,7 +10,7 @@ implements is kvinject/engine/perturbation.py; its names are handed on here for 
 
 from __future__ import annotations
 
-from ..engine.perturbation import CacheResident, ErrorModel, Multiplicative, NoError
+from ..engine.perturbation import CacheResident, EntryModel, ErrorModel, Multiplicative, NoError
 from ..engine.variates import Draws
 from ..plugins import import_modules, load_plugins
 from . import none  # noqa: F401  (the control registers first: listings and messages name it before the models)
@@ -19,4 +19,4 @@ from .registry import REGISTRY, parse_error, register
 import_modules(__path__, __name__)
 load_plugins("kvinject.error_models", register)
 
-__all__ = ["REGISTRY", "CacheResident", "Draws", "ErrorModel", "Multiplicative", "NoError", "parse_error", "register"]
+__all__ = ["REGISTRY", "CacheResident", "Draws", "EntryModel", "ErrorModel", "Multiplicative", "NoError", "parse_error", "register"]

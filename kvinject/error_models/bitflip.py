@@ -13,7 +13,7 @@ import numpy as np
 
 from ..engine import laws
 from ..engine.blocks import BLOCK_FORMATS, VALUES, BlockFormat
-from ..engine.perturbation import ErrorModel
+from ..engine.perturbation import EntryModel, ErrorModel
 from ..engine.sites import Placed
 from ..engine.variates import Draws
 from ..exceptions import InjectionError, SpecError
@@ -71,7 +71,7 @@ class _Format:
 FORMATS = {"f16": _Format(np.uint16, 10, 5), "bf16": _Format(np.uint16, 7, 8), "f32": _Format(np.uint32, 23, 8)}
 
 
-class _Flips(ErrorModel):
+class _Flips(EntryModel):
     """What bit flips share: the bits they may flip, the stored format they flip them in, and
     the value they start from."""
 

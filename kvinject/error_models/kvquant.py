@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 import numpy as np
 
 from ..data import bench_data
-from ..engine.perturbation import ErrorModel
+from ..engine.perturbation import EntryModel
 from ..engine.target import Target
 from ..engine.variates import Draws
 from ..exceptions import SpecError
@@ -136,7 +136,7 @@ def quantize_v(x: np.ndarray, bits: int, outliers: float | None, levels: np.ndar
 
 @register
 @dataclass(frozen=True)
-class KVQuant(ErrorModel):
+class KVQuant(EntryModel):
     bits: int
     site: str = "pre-rope"
     outliers: float | None = None
@@ -212,7 +212,7 @@ class KVQuant(ErrorModel):
             normalized = (calibration - middle) / half
         return nuq_levels(normalized if sparse is None else normalized[~sparse], self.bits)
 
-    def fit(self, model: Model, cache: CacheOptions) -> ErrorModel:
+    def fit(self, model: Model, cache: CacheOptions) -> EntryModel:
         calib = self.calib or CALIBRATION_TOKENS
         key = (str(model.path), cache, self.site, calib, self.outliers, self.sink_tokens, self.bits if self.nuq else None)
         if key not in _CALIBRATED:
@@ -226,7 +226,7 @@ class KVQuant(ErrorModel):
         return _Fitted(self, *_CALIBRATED[key])
 
 
-class _Fitted(ErrorModel):
+class _Fitted(EntryModel):
     """A kvquant model calibrated on one model: K's ranges, (layers, channels) each, and with
     nuq the levels of K and of V, (layers, 2^bits) each."""
 
@@ -249,7 +249,7 @@ class _Fitted(ErrorModel):
             quantize_v(x, self.model.bits, self.model.outliers, None if self.v_levels is None else self.v_levels[layer])
 
 
-class _Capture(ErrorModel):
+class _Capture(EntryModel):
     """Records every layer's K (K before or after RoPE) or V rows as they pass; changes nothing."""
 
     name = syntax = summary = example = "kvquant-calibration"

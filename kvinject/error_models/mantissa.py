@@ -8,7 +8,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from ..engine import laws
-from ..engine.perturbation import ErrorModel
+from ..engine.perturbation import EntryModel
 from ..engine.variates import Draws
 from ..exceptions import SpecError
 from .registry import register
@@ -16,7 +16,7 @@ from .registry import register
 
 @register
 @dataclass(frozen=True)
-class Mantissa(ErrorModel):
+class Mantissa(EntryModel):
     bits: int
     name: ClassVar[str] = "mantissa"
     syntax: ClassVar[str] = "mantissa:N"

@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 
 from ..engine.laws import ROUND
-from ..engine.perturbation import ErrorModel
+from ..engine.perturbation import EntryModel
 from ..engine.variates import Draws
 from ..exceptions import SpecError
 from .registry import register, row_groups
@@ -43,7 +43,7 @@ SCALE_BITS = 8  # MX's E8M0 shared scale
 
 @register
 @dataclass(frozen=True)
-class Minifloat(ErrorModel):
+class Minifloat(EntryModel):
     format: str
     block: int = 0
     name: ClassVar[str] = "float"

@@ -8,7 +8,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from ..engine import laws
-from ..engine.perturbation import ErrorModel
+from ..engine.perturbation import EntryModel
 from ..engine.variates import Draws
 from ..exceptions import SpecError
 from .registry import register, row_groups
@@ -16,7 +16,7 @@ from .registry import register, row_groups
 
 @register
 @dataclass(frozen=True)
-class Quant(ErrorModel):
+class Quant(EntryModel):
     bits: int
     group: int = 32
     name: ClassVar[str] = "quant"

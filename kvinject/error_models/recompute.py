@@ -9,10 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
-
 from ..engine.perturbation import ErrorModel
-from ..engine.variates import Draws
 from .registry import register
 
 
@@ -26,10 +23,3 @@ class Recompute(ErrorModel):
         "(the cache-free reference; as the control, it measures every configuration's token flips and logit drift: docs/recompute.md)."
     )
     example: ClassVar[str] = "recompute"
-
-    @property
-    def injects(self) -> bool:
-        return False
-
-    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
-        pass

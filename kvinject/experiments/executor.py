@@ -21,7 +21,6 @@ from ..engine.cache_free import one_pass, pass_context
 from ..engine.context import Context
 from ..engine.decoding import generator
 from ..engine.model import Model
-from ..engine.perturbation import CacheResident
 from ..engine.positions import GENERATION_SPANS, Spans
 from ..engine.prefills import Prefills
 from ..error_models.configuration import Configuration
@@ -47,7 +46,7 @@ def _generate(bench: GenerationBenchmark, model: Model, plan: Plan, seed: int, p
             f"{model.path.name}'s training context of {model.n_ctx_train}: shorten the prompts (fewer shots, shorter data) or --max-tokens"
         )
     named = {n for c, _ in plan if c.target.positions is not None for n in c.target.positions.names}
-    named |= {c.error.breaks_at for c, _ in plan if isinstance(c.error, CacheResident) and c.error.breaks_at}
+    named |= {r.breaks_at for c, _ in plan if (r := c.error.resident) is not None and r.breaks_at}
     spans = bench.item_spans(model) if named - set(GENERATION_SPANS) else None
     reference = plan[0][0] if plan[0][0].cache_free else None
     control: RunResult | Golden | None = golden

@@ -21,7 +21,6 @@ from ..benchmarks import BENCHMARKS, Benchmark
 from ..benchmarks.drift import METRICS as DRIFT
 from ..engine.model import Model, resolve_model
 from ..engine.options import BackendOptions, CacheOptions
-from ..engine.perturbation import CacheResident
 from ..engine.target import Target
 from ..error_models import ErrorModel
 from ..exceptions import KvinjectError, SpecError
@@ -64,7 +63,7 @@ def profile_grid(
     through the grid parser so that it is checked as a grid file is: the bench with the options
     named in ``given`` as ``bench.options`` holds them, the control, and ``error`` on each
     layer's K and on each layer's V (``by_head``: on each KV head of them)."""
-    if isinstance(error, CacheResident):
+    if error.resident is not None:
         try:
             error.check_target(Target.parse("k", "0"), cache)
         except SpecError:  # said as the profile's own limit, not as flags the user never gave

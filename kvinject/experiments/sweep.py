@@ -12,7 +12,6 @@ from pathlib import Path
 from ..benchmarks import Benchmark, RunResult, make_bench
 from ..engine.model import CPU_PARALLEL, Model, Shape, file_sha256, resolve_model
 from ..engine.options import BackendOptions
-from ..engine.perturbation import CacheResident
 from ..engine.speed import Speed
 from ..exceptions import KvinjectError, SpecError
 from .campaign import campaign_runs
@@ -156,8 +155,9 @@ class Sweep:
         total = 0.0
         for p in planned:
             error, cache = p.cell.config.error, p.cell.config.cache
-            shares = parallel == 1 and isinstance(error, CacheResident) and error.shares_prefill
-            key = (p.cell.group, cache, error.attention, error.queries, error.breaks_at) if shares else None
+            resident = error.resident
+            shares = parallel == 1 and resident is not None and resident.shares_prefill
+            key = (p.cell.group, cache, resident.attention, resident.queries, resident.breaks_at) if shares else None
             total += self.bench(p.cell).estimate_seconds(len(p.runs), Speed(parallel, prompts=key is None or key not in decoded))
             decoded.add(key)
         return total

@@ -92,7 +92,8 @@ def main() -> None:
         tool = None
     specs = ["none", *args.errors]
     n_ctx = args.sequences * (args.length + args.steps + 64)
-    contexts = {s: Context(model, error=parse_error(s), n_ctx=n_ctx, n_seq=args.sequences, n_batch=N_BATCH) for s in specs}
+    # A stream of cells per sequence, as generation benchmarks decode (experiments/executor.py).
+    contexts = {s: Context(model, error=parse_error(s), n_ctx=n_ctx, n_seq=args.sequences, n_batch=N_BATCH, streams=True) for s in specs}
     print(
         f"model {model.path.name}, {model.backend.n_threads} threads, {args.sequences} sequence(s): prefill of {args.length} tokens "
         f"each, then {args.steps} decodes; {args.repeats} repeats"

@@ -3,6 +3,9 @@ and on the CPU backend the same outputs and scores, with sequences refilled as t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import gguf
 import numpy as np
 import pytest
 
@@ -13,9 +16,11 @@ from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions, CacheOptions
 from kvinject.error_models import parse_error
 from kvinject.error_models.configuration import Configuration
+from kvinject.exceptions import InjectionError
 from kvinject.experiments.runner import run
 
 from .cache_state import read_cache
+from .tiny_model import TINY, write_model
 
 F32 = CacheOptions("f32", "f32", "on")
 TEXTS = [
@@ -80,6 +85,45 @@ def test_parallel_generation_reproduces_sequential_outputs_on_cpu(tiny):
     # Fewer decodes than tokens: generated tokens of several sequences shared decodes.
     n_tokens = sum(len(o) for o in parallel)
     assert sites[("k", 0)] < len(TEXTS) + n_tokens
+
+
+@pytest.fixture(scope="module")
+def tiny_q4(tmp_path_factory, default_model_path):
+    """The tiny model with quantized weights, whose matrix products compute each row alone (the
+    tiny model's f16 ones sum a row otherwise when several rows share a decode)."""
+    types = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1)
+    path = write_model(tmp_path_factory.mktemp("models") / "tiny-q4.gguf", default_model_path, replace(TINY, types=types))
+    with Model(str(path)) as model:
+        yield model
+
+
+def test_a_stream_per_sequence_gives_sequential_logits_bit_for_bit(tiny_q4):
+    """With flash attention off, attention over a pool the sequences share sums each row over
+    every cell in use up to the last, the other sequences' masked ones too, and the logits move
+    (on this machine, one item's of ten here); with a stream of cells per sequence every logit of
+    every pick equals sequential decoding's, noise included, while finished sequences are
+    refilled and the others' steps split around them (runs of consecutive sequences, each one
+    graph, or the hook would miss its sites)."""
+    prompts = [tiny_q4.tokenize(f"{t} {t}") for t in TEXTS * 2]
+
+    def logits(n_seq):
+        cache = CacheOptions("f16", "f16", "off")
+        with Context(tiny_q4, cache, parse_error("normal:0,0.25"), n_seq=n_seq, n_ctx=n_seq * 128, seed=2, streams=True) as ctx:
+            assert ctx.streams == (n_seq > 1)
+            out = dict(generate_all(ctx, prompts, 24, ignore_eos=True, items=range(len(prompts)), keep_logits=True))
+        return [out[i].logits for i in range(len(prompts))]
+
+    for seq, par in zip(logits(1), logits(3)):
+        assert np.array_equal(par, seq)
+
+
+def test_a_cache_resident_model_and_shared_cells_need_one_pool(tiny):
+    with pytest.raises(InjectionError, match="cannot run with a stream per sequence"):
+        Context(tiny, error=parse_error("evict:window,0.5"), n_seq=2, n_ctx=128, streams=True)
+    with Context(tiny, n_seq=2, n_ctx=128, streams=True) as ctx:
+        ctx.decode([(t, i, 0, i == 3) for i, t in enumerate(tiny.tokenize(TEXTS[0])[:4])])
+        with pytest.raises(InjectionError, match="cannot share cells"):
+            ctx.share(0, 1)
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,16 @@
 """Continuous batching: many generations through one context, one sequence each.
 
 A decode holds either one prompt piece (a prompt cut into n_batch pieces, as when its item
-runs alone) or the next token of every generating sequence; a sequence that finishes takes
+runs alone) or the next token of every generating sequence (with a stream of cells per
+sequence, of each run of consecutive ones: ``Context.streams``); a sequence that finishes takes
 the next prompt at once. So an item's tokens reach the cache in the same groups whatever runs
 beside it, and with noise seeded per item (``Context.begin_item``) it gets the same noise.
 
 Decoding prompts alone also keeps more of llama.cpp's kernels as in sequential evaluation:
 the CPU backend switches flash attention to a tiled kernel with another summation order at
 64 query rows, which moves logits as much as an f16 instead of an f32 cache does. Outputs can
-still differ from sequential ones, through where an item's cells lie in the shared cache:
+still differ from sequential ones where sequences share one pool of cells (a context without
+streams), through where an item's cells lie in it:
 attention sums over cells in cell order, and refilling puts an item's later tokens in cells
 freed before its earlier ones; and single-query decodes over 512 or more cells split the
 cells among threads. docs/performance.md measures both.
@@ -128,29 +130,45 @@ def generate_all(
             piece = slot.prompt[slot.fed : cut or slot.fed + ctx.n_batch]
             entries = [(t, slot.fed + j, slot.seq, cut is not None and j == len(piece) - 1) for j, t in enumerate(piece)]
             slot.fed += len(piece)
-            asks = []
+            asks: list[tuple[_Slot, int]] = []
             if slot.fed == len(slot.prompt):
                 entries[-1] = (*entries[-1][:3], True)
                 asks = [(slot, len(entries) - 1)]
+            decodes = [(entries, asks)]
         else:
-            entries = [(s.out[-1], s.length - 1, s.seq, True) for s in active]
-            asks = [(s, i) for i, s in enumerate(active)]
-        try:
-            ctx.decode(entries)
-        except HookError as e:
-            if not contain or len({seq for _, _, seq, _ in entries}) != 1:
-                raise
-            slot = next(s for s in active if s.seq == entries[0][2])
-            slot.stopped = f"raised: {e}"
-            active.remove(slot)
-            free.append(slot.seq)
-            yield slot.index, _generation(ctx, slot)  # its cells go when the sequence takes the next prompt
-            continue
-        for slot, i in asks:
-            if _step(ctx, slot, ctx.logits(i), max_tokens, temperature, stop, ignore_eos, deadline):
+            decodes = [([(s.out[-1], s.length - 1, s.seq, True) for s in step], list(zip(step, range(len(step))))) for step in _steps(active, ctx.streams)]
+        for entries, asks in decodes:
+            try:
+                ctx.decode(entries)
+            except HookError as e:
+                if not contain or len({seq for _, _, seq, _ in entries}) != 1:
+                    raise
+                slot = next(s for s in active if s.seq == entries[0][2])
+                slot.stopped = f"raised: {e}"
                 active.remove(slot)
                 free.append(slot.seq)
-                yield slot.index, _generation(ctx, slot)
+                yield slot.index, _generation(ctx, slot)  # its cells go when the sequence takes the next prompt
+                continue
+            for slot, i in asks:
+                if _step(ctx, slot, ctx.logits(i), max_tokens, temperature, stop, ignore_eos, deadline):
+                    active.remove(slot)
+                    free.append(slot.seq)
+                    yield slot.index, _generation(ctx, slot)
+
+
+def _steps(active: list[_Slot], streams: bool) -> list[list[_Slot]]:
+    """The decodes of one generation step: every generating sequence's next token in one; with
+    a stream of cells per sequence (``Context.streams``), one per run of consecutive sequence
+    numbers, each of which llama.cpp computes in one graph."""
+    if not streams:
+        return [active]
+    runs: list[list[_Slot]] = []
+    for slot in sorted(active, key=lambda s: s.seq):
+        if runs and runs[-1][-1].seq == slot.seq - 1:
+            runs[-1].append(slot)
+        else:
+            runs.append([slot])
+    return runs
 
 
 def _generation(ctx: Context, slot: _Slot) -> Generation:

@@ -66,7 +66,12 @@ class Context:
     """One llama context: a KV cache with its storage types, and the hook for one error model.
 
     ``n_seq`` sequences share the cache (``n_ctx`` cells in all, ``n_ctx // n_seq`` for
-    each). Noise and sampling are seeded per sequence: by ``(seed, run, item)`` for the item
+    each): one pool of cells, or with ``streams`` one stream of cells per sequence, so that a
+    token attends over its own sequence's cells instead of every cell in use (llama.cpp computes
+    attention over the whole pool up to the last cell used and masks the other sequences'). With
+    streams llama.cpp computes a decode in one graph, which the hook relies on, only where it
+    holds the same number of tokens of consecutive sequences (one prompt piece; a generation
+    step's tokens of sequences 2, 3 and 4). Noise and sampling are seeded per sequence: by ``(seed, run, item)`` for the item
     started on it with :meth:`begin_item`, by ``(seed, run)`` for sequence 0 otherwise; the
     same settings and seed reproduce exactly. With ``residual``, each layer's output of every
     decode can be read after it (:attr:`residual`, kvinject/engine/residual.py).
@@ -84,6 +89,7 @@ class Context:
         n_seq: int = 1,
         n_batch: int = 512,
         residual: bool = False,
+        streams: bool = False,
     ):
         if seed < 0 or run < 0:
             raise SpecError(f"seeds and runs are integers >= 0, got seed {seed}, run {run}")
@@ -95,6 +101,9 @@ class Context:
         if n_seq > self.n_batch:
             raise ValueError(f"{n_seq} sequences need a batch of at least {n_seq} tokens, not {self.n_batch}")
         check_configuration(self.error, self.target, self.cache, model.shape)
+        if streams and self.error.resident is not None:  # it reads and writes cells by their index in one pool
+            raise InjectionError(f"'{self.error.name}' changes cells of a cache whose sequences share one pool: it cannot run with a stream per sequence")
+        self.streams = streams and n_seq > 1
         self.hook = None
         if self.error.injects:
             # Imported here: the compiled callback maps about 50 MB of numba's compiler state, which
@@ -128,7 +137,7 @@ class Context:
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = self.n_batch  # one graph per decode: the hook relies on it
         params.n_seq_max = n_seq
-        params.kv_unified = True  # sequences share the cells, so uneven lengths fit
+        params.kv_unified = not self.streams
         params.n_threads = params.n_threads_batch = model.backend.n_threads
         params.type_k = CACHE_TYPES[self.cache.type_k]
         params.type_v = CACHE_TYPES[self.cache.type_v]
@@ -269,6 +278,8 @@ class Context:
         cache-resident model, which tracks each sequence's tokens from position 0 on."""
         if self.resident is not None:
             raise InjectionError(f"'{self.error.name}' changes each sequence's own cells: sequences cannot share them")
+        if self.streams:  # llama.cpp copies between streams only whole, and only once the decode is over
+            raise InjectionError("sequences with a stream of cells each cannot share cells: make the context without streams")
         ll.llama_memory_seq_cp(ll.llama_get_memory(self._ptr), src, dst, -1, -1)
         self._lengths[dst] = self._lengths.get(src, 0)
 

@@ -297,10 +297,11 @@ class LongContextBenchmark(GenerationBenchmark):
     primary = "accuracy"
     secondary = ("diverged",)
     higher_is_better = {"accuracy": True}
-    # Each sequence holds a whole item's cells (about 23 KB each for SmolLM2) and, with a
-    # unified cache, every decode attends over all occupied cells whichever sequence owns
-    # them; yet prompts are decoded one at a time and only the few answer tokens share
-    # decodes. So past this many cells in all, the default --parallel is lowered.
+    # Each sequence holds a whole item's cells (about 23 KB each for SmolLM2) and, in the one
+    # pool of cells that KIVI and eviction keep (kvinject/experiments/executor.py), every decode
+    # attends over all occupied cells whichever sequence owns them; yet prompts are decoded one
+    # at a time and only the few answer tokens share decodes. So past this many cells in all,
+    # the default --parallel is lowered.
     cell_budget = 8192
 
     @abstractmethod

@@ -71,9 +71,9 @@ class Context:
     attention over the whole pool up to the last cell used and masks the other sequences'). With
     streams llama.cpp computes a decode in one graph, which the hook relies on, only where it
     holds the same number of tokens of consecutive sequences (one prompt piece; a generation
-    step's tokens of sequences 2, 3 and 4). Noise and sampling are seeded per sequence: by ``(seed, run, item)`` for the item
-    started on it with :meth:`begin_item`, by ``(seed, run)`` for sequence 0 otherwise; the
-    same settings and seed reproduce exactly. With ``residual``, each layer's output of every
+    step's tokens of sequences 2, 3 and 4). Noise and sampling are seeded per sequence: by
+    ``(seed, run, item)`` for the item started on it with :meth:`begin_item`, by ``(seed, run)``
+    for sequence 0 otherwise; the same settings and seed reproduce exactly. With ``residual``, each layer's output of every
     decode can be read after it (:attr:`residual`, kvinject/engine/residual.py).
     """
 

@@ -4,11 +4,12 @@ it, and against llama-batched-bench, interleaved.
     python perf/long_prefill.py [--model M] [--length 8192] [--steps 32] [--sequences 1]
                                 [--repeats 3] [--errors normal:0,0.25 ...] [--tools DIR]
 
-One context per configuration, of --sequences x (--length + --steps) cells. Each repeat empties
-them, prefills each sequence with the same --length tokens of the bundled encyclopedia in
-n_batch pieces, the configurations taking turns piece by piece (so that this machine's drift
-falls on all alike), then decodes --steps tokens after them, every sequence's in one decode,
-again in turns: llama-batched-bench's work for -npp --length -ntg --steps -npl --sequences.
+One context per configuration, of --sequences x (--length + --steps) cells, a stream of cells
+per sequence. Each repeat empties them, prefills each sequence with the same --length tokens of
+the bundled encyclopedia in n_batch pieces, the configurations taking turns piece by piece, in
+reversed order every other turn (so that this machine's drift and going first fall on all
+alike), then decodes --steps tokens after them, every sequence's in one decode, again in turns:
+llama-batched-bench's work for -npp --length -ntg --steps -npl --sequences.
 Ratios, one per repeat: the clean run's time over the configuration's (below 1: what the hook
 costs). With llama-batched-bench found (--tools, $LLAMA_TOOLS or PATH), it runs that row
 before each repeat, and its prompt speed and whole time are compared with kvinject's clean run.
@@ -37,6 +38,13 @@ def text_tokens(model: Model, length: int) -> list[int]:
     return (tokens * (length // len(tokens) + 1))[:length]
 
 
+def turns(contexts: dict, i: int) -> list:
+    """The configurations in the order they take the ``i``-th turn: reversed every other turn, so
+    that going first (a cache warmed by the other's decode, or not) favours none of them."""
+    items = list(contexts.items())
+    return items[::-1] if i % 2 else items
+
+
 def repeat(contexts: dict, tokens: list[int], steps: int, sequences: int) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds of prefill and of --steps decodes per configuration, taking turns."""
     prefill = dict.fromkeys(contexts, 0.0)
@@ -47,13 +55,13 @@ def repeat(contexts: dict, tokens: list[int], steps: int, sequences: int) -> tup
         for start in range(0, len(tokens), N_BATCH):
             piece = tokens[start : start + N_BATCH]
             entries = [(t, start + j, seq, start + j == len(tokens) - 1) for j, t in enumerate(piece)]
-            for spec, ctx in contexts.items():
+            for spec, ctx in turns(contexts, start // N_BATCH):
                 t0 = time.perf_counter()
                 ctx.decode(entries)
                 prefill[spec] += time.perf_counter() - t0
     for i in range(steps):
         entries = [(tokens[i], len(tokens) + i, seq, True) for seq in range(sequences)]
-        for spec, ctx in contexts.items():
+        for spec, ctx in turns(contexts, i):
             t0 = time.perf_counter()
             ctx.decode(entries)
             decode[spec] += time.perf_counter() - t0

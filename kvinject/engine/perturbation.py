@@ -3,11 +3,12 @@ model a configuration holds, and the noise streams models draw from.
 
 Each model is a small frozen dataclass, parsed from a spec such as ``normal:0,0.25``, and acts in
 one of two parts: an :class:`EntryModel` changes a float32 array of K or V rows in place as they
-enter the cache (the hook asks ``error.at_entry``), a :class:`CacheResident` changes cells already
-in the cache after each decode (the context asks ``error.resident``). Multiplicative models give a law whose
-factors the compiled callback computes as it applies them (kvinject/engine/variates.py); other
-models that need randomness draw it in large blocks (``draw``) from a :class:`Draws` stream,
-so the hook pays for one slice per cache write instead of one random-number call. The models
+enter the cache (the hook asks ``error.at_entry``), a :class:`CacheResident` changes cells
+already in the cache after each decode (the context asks ``error.resident``). Multiplicative
+models give a law whose factors the compiled callback computes as it applies them
+(kvinject/engine/variates.py); other models that need randomness draw it in large blocks
+(``draw``) from a :class:`Draws` stream, so the hook pays for one slice per cache write instead
+of one random-number call. The models
 themselves, their registry and the spec parser live in kvinject/error_models/.
 """
 

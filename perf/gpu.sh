@@ -4,7 +4,8 @@
 # sources in .gpu/ (perf/gpu_payload.sh prepares them here), installs them under llama-cpp-python's
 # Python package, runs the device tests on the GPU with every layer offloaded, and prints the
 # figures of docs/performance.md's "GPU" section:
-#   - hook overhead, normal:0,0.25 against none, interleaved decode by decode, 1/8/32/64 sequences
+#   - hook overhead, normal:0,0.25 against none, interleaved decode by decode, 1/8/32/64 sequences,
+#     with the kernels launched through the driver and through numba
 #   - perplexity, kvinject against llama-perplexity (same build, same model and text)
 #   - where the hook's time goes (graph splits, CUDA graphs, the Python side)
 #   - generation, kvinject against llama-batched-bench, 8 sequences, and 4096-token prompts
@@ -81,6 +82,8 @@ grep -v "^  File \"/opt\|^  File \"<frozen" "$out/tests.log" | tail -40
 tools=$work/build/bin
 step "hook overhead: normal:0,0.25 against none, decode by decode"
 timeout 40 $py perf/hook_overhead.py --sequences 1 8 32 64 --steps 100 --errors normal:0,0.25 quant:4 2>&1 | tee "$work/hook.log" | tail -12
+step "the same launched through numba (KVINJECT_NUMBA_LAUNCH=1): what launching through the driver saves"
+KVINJECT_NUMBA_LAUNCH=1 timeout 40 $py perf/hook_overhead.py --sequences 1 8 64 --steps 100 --errors normal:0,0.25 2>&1 | tail -7
 step "where the hook's time goes: no hook, claims only (the graph splits), the full hook"
 timeout 45 $py perf/hook_breakdown.py --steps 60 --prefills 6 2>&1 | tee "$work/breakdown.log" | tail -6
 step "the same with CUDA graphs off (GGML_CUDA_DISABLE_GRAPHS): what the splits cost through them"

@@ -17,6 +17,7 @@ from kvinject.error_models.bitflip import FORMATS
 
 cuda = pytest.importorskip("numba.cuda", reason="numba's CUDA target (pip install numba-cuda)")
 device_kernels = pytest.importorskip("kvinject.engine.device_kernels")
+device_launch = pytest.importorskip("kvinject.engine.device_launch")
 
 # The simulator runs each thread as Python, where numpy warns of the uint64 hashes' wrapping.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -64,8 +65,9 @@ def _rows(n_rows: int, seed: int = 1) -> np.ndarray:
     return x
 
 
-def _launch(x: np.ndarray, law: tuple, segments=((0, 0, None),), at=0, flips=None, mask=None, columns=None, span=1) -> np.ndarray:
-    """Run the kernel on a copy of ``x``; its values and its sums in the host's layout."""
+def _launch(x: np.ndarray, law: tuple, segments=((0, 0, None),), at=0, flips=None, mask=None, columns=None, span=1, via=None) -> np.ndarray:
+    """Run the kernel on a copy of ``x`` (through the launcher ``via`` gives for the arguments, or
+    as the hook launches it); its values and its sums in the host's layout."""
     rows = x.shape[0]
     segs = [(key, start, rows if n is None else n) for key, start, n in segments]
     first = np.cumsum([0] + [n for _, _, n in segs[:-1]]).astype(np.int64)
@@ -87,7 +89,10 @@ def _launch(x: np.ndarray, law: tuple, segments=((0, 0, None),), at=0, flips=Non
         acc,
     ]
     blocks = -(-x.size // span // device_kernels.THREADS)
-    device_kernels.change[blocks, device_kernels.THREADS](*args)
+    stream = cuda.default_stream()
+    args = tuple(args)
+    (via(args) if via else device_launch.launcher(device_kernels.change, args, stream))(blocks, device_kernels.THREADS, args)
+    stream.synchronize()
     return d.copy_to_host().reshape(x.shape), acc.copy_to_host()
 
 
@@ -160,6 +165,32 @@ def test_the_device_kinds_give_the_models_values_bit_for_bit(spec):
     np.testing.assert_allclose(acc[[0, 1, 2, 5]], [stats.changed, stats.nonfinite, stats.rel_n, stats.sign_flips])
     np.testing.assert_allclose(acc[[6, 7]], [stats.signal, stats.noise], rtol=1e-6)
     assert stats.changed > 0
+
+
+@pytest.mark.skipif(numba_config.ENABLE_CUDASIM, reason="the driver's launch needs a GPU")
+def test_launches_through_the_driver_change_what_numbas_change():
+    """One launcher for every launch, as the hook keeps it: the arguments that change between
+    launches (the tensor, where its noise starts, the flips) must reach the kernel each time."""
+    stream = cuda.default_stream()
+    model = parse_error("bitflip:0.05,format=bf16")
+    launches = []
+    for seed, at in ((4, 0), (5, 3 * ROW), (6, 3 * ROW)):
+        x = _rows(7, seed)
+        launches.append((x, model.draw(np.random.default_rng(seed), x.size), at))
+    for law, flipping in ((parse_error("normal:0,0.25").law, False), (model.device_law, True)):
+        kept = []
+
+        def driver(args):
+            if not kept:
+                kept.append(device_launch.Launcher(device_kernels.change, args, stream))
+            return kept[0]
+
+        for x, flips, at in launches:
+            kwargs = {"flips": flips if flipping else None, "at": at, "segments": [(0x0123456789ABCDEF, 11, 7)]}
+            dev, acc = _launch(x, law, via=lambda args: device_launch.NumbaLaunch(device_kernels.change, stream), **kwargs)
+            dev_driver, acc_driver = _launch(x, law, via=driver, **kwargs)
+            np.testing.assert_array_equal(dev_driver.view(np.uint32), dev.view(np.uint32))
+            np.testing.assert_allclose(acc_driver, acc, rtol=SUM_RTOL)  # atomic adds: their order varies
 
 
 def _device_memory(x: np.ndarray):

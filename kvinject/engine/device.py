@@ -9,9 +9,11 @@ sees a claimed node, and ggml keeps its CUDA streams to itself, so the kernels r
 their own that the hook waits for before it returns to the scheduler, once a claim (K and V of a
 layer together).
 
-Measured on an H200 (docs/performance.md, "GPU"): the kernels give the values of the copy bit for
-bit, and neither path is cheap next to a decode that takes 0.2-0.5 ms there: every claim is a
-split of llama.cpp's graph, a synchronization and a call into Python, 30 a decode on SmolLM2.
+The kernels are launched through the driver (kvinject/engine/device_launch.py): numba's own launch
+prepared every argument anew and cost a hooked decode about twice its time. Measured on an H200
+and an H100 (docs/performance.md, "GPU"): the kernels give the values of the copy bit for bit, and
+neither path is cheap next to a decode that takes 0.2-0.5 ms there: every claim is a split of
+llama.cpp's graph, a synchronization and a call into Python, 30 a decode on SmolLM2 (about 90 us each).
 
 Only what a law describes runs here (kvinject/engine/laws.py); a model without one, or memory on a
 device other than the first CUDA device, keeps the copy. numba.cuda is imported on first use: a
@@ -25,7 +27,7 @@ from functools import cache
 
 import numpy as np
 
-from . import ggml, laws
+from . import device_launch, ggml, laws
 from .graph_callback import N_SUMS
 
 
@@ -72,12 +74,14 @@ class DeviceChange:
         self._acc = cuda.to_device(np.zeros((2, device_kernels.N_ACC), np.float64))
         self._total = cuda.to_device(np.zeros((2, device_kernels.N_ACC), np.float64))
         self._acc_of = {"k": self._acc[0], "v": self._acc[1]}
+        self._acc_flat, self._total_flat = self._acc.ravel(), self._total.ravel()
         self._counts = np.zeros((2, 2), np.int64)  # this decode's values and sites, per component
         self._total_counts = np.zeros((2, 2), np.int64)
         self._buffers: dict[str, object] = {}
         self._views: dict[tuple[int, int], object] = {}
         self._decode: tuple | None = None
         self._pending = False
+        self._change = self._fold = None  # their launchers, made at the first launch
 
     def span_fits(self, row: int) -> bool:
         return row % self._span == 0
@@ -111,9 +115,10 @@ class DeviceChange:
         d_flips = self._upload("flips", flips.astype(np.uint32)) if flips is not None else self._empty[np.uint32]
         first, key, start, seg_rows, mask = self._decode
         blocks = max(1, min(1024, -(-n // self._span // self._threads)))
-        self._kernels.change[blocks, self._threads, self._stream](
-            x, self._span, row, at, self._law, first, key, start, seg_rows, d_flips, mask, self._columns[component], self._acc_of[component]
-        )
+        args = (x, self._span, row, at, self._law, first, key, start, seg_rows, d_flips, mask, self._columns[component], self._acc_of[component])
+        if self._change is None:
+            self._change = device_launch.launcher(self._kernels.change, args, self._stream)
+        self._change(blocks, self._threads, args)
         self._counts["kv".index(component)] += (n, 1)
         self._pending = True
 
@@ -125,7 +130,10 @@ class DeviceChange:
 
     def fold(self, keep: bool) -> None:
         """End a decode: add its sums to the totals (``keep``), or drop them (a failed decode)."""
-        self._kernels.fold[1, self._acc.size, self._stream](self._acc, self._total, keep)
+        args = (self._acc_flat, self._total_flat, int(keep))
+        if self._fold is None:
+            self._fold = device_launch.launcher(self._kernels.fold, args, self._stream)
+        self._fold(1, self._acc.size, args)
         if keep:
             self._total_counts += self._counts
         self._counts[:] = 0

@@ -210,10 +210,9 @@ def change(x, span, row, at, law, seg_first, seg_key, seg_start, seg_rows, flips
 
 @cuda.jit
 def fold(acc, total, keep):
-    """``total += acc`` where ``keep``, and ``acc`` zeroed (both (2, N_ACC)); one thread a sum."""
+    """``total += acc`` where ``keep`` (nonzero), and ``acc`` zeroed (both 2 * N_ACC, K's then V's); one thread a sum."""
     i = cuda.threadIdx.x
     if i < acc.size:
-        r, c = i // N_ACC, i % N_ACC
         if keep:
-            total[r, c] += acc[r, c]
-        acc[r, c] = 0.0
+            total[i] += acc[i]
+        acc[i] = 0.0

@@ -150,3 +150,22 @@ def test_benchmarks_score_the_same_sequentially_and_in_parallel(tiny_models):
                 assert par.metrics[metric] == pytest.approx(value, rel=1e-5, abs=1e-7), (key, metric)
     noisy = [r for k, r in results[4].items() if k[1] != "none"]
     assert noisy[0].metrics != noisy[1].metrics, "the two runs must differ"
+
+
+def test_a_steps_greedy_picks_are_each_rows_and_nonfinite_rows_are_left_to_the_step():
+    """The picks of a generation step, computed for its rows at once, against each row's own
+    argmax; a row holding a NaN or an infinity (anywhere) gets no pick, so that the step counts it
+    and picks after replacing NaN, as for a row decoded alone."""
+    from kvinject.engine.batching import _picks
+
+    rows = np.random.default_rng(0).standard_normal((6, 50)).astype(np.float32)
+    rows[1, 7] = np.nan
+    rows[2, 3] = np.inf
+    rows[3, 40] = -np.inf
+    rows[4, :] = rows[4, 0]  # ties: the first
+    given = type("Decoded", (), {"output_logits": lambda self, n: rows[:n]})()
+    view, picks = _picks(given, 6, 0.0)
+    assert view is rows or np.shares_memory(view, rows)
+    assert picks == [int(np.argmax(r)) if np.isfinite(r).all() else None for r in rows]
+    assert picks[1:4] == [None, None, None] and picks[4] == 0
+    assert _picks(given, 6, 0.7)[1] == [None] * 6, "sampling picks in the step, from its sequence's generator"

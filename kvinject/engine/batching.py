@@ -149,8 +149,10 @@ def generate_all(
                 free.append(slot.seq)
                 yield slot.index, _generation(ctx, slot)  # its cells go when the sequence takes the next prompt
                 continue
+            rows, picks = _picks(ctx, len(entries), temperature) if len(asks) == len(entries) > 1 else (None, None)
             for slot, i in asks:
-                if _step(ctx, slot, ctx.logits(i), max_tokens, temperature, stop, ignore_eos, deadline):
+                logits, token = (rows[i], picks[i]) if rows is not None else (ctx.logits(i), None)
+                if _step(ctx, slot, logits, max_tokens, temperature, stop, ignore_eos, deadline, token):
                     active.remove(slot)
                     free.append(slot.seq)
                     yield slot.index, _generation(ctx, slot)
@@ -171,24 +173,39 @@ def _steps(active: list[_Slot], streams: bool) -> list[list[_Slot]]:
     return runs
 
 
+def _picks(ctx: Context, n: int, temperature: float) -> tuple[np.ndarray, list[int | None]]:
+    """The logits of a decode whose ``n`` entries all asked for them, and the greedy pick of each
+    row whose logits are all finite (None: picked by :func:`_step`), computed for the rows at
+    once: on a GPU, where a decode of 8 sequences takes 0.3 ms, row by row cost as much again."""
+    rows = ctx.output_logits(n)
+    if temperature > 0:
+        return rows, [None] * n
+    tokens = rows.argmax(axis=1)
+    # argmax lands on a NaN or +Inf where a row has one; -Inf shows in the minimum
+    finite = np.isfinite(rows[np.arange(n), tokens]) & np.isfinite(rows.min(axis=1))
+    return rows, [t if ok else None for t, ok in zip(tokens.tolist(), finite.tolist())]
+
+
 def _generation(ctx: Context, slot: _Slot) -> Generation:
     rows = np.array(slot.rows) if slot.rows is not None else None
     first = slot.first if slot.first is not None else np.full(ctx.model.n_vocab, np.nan, np.float32)  # raised before the prompt's end
     return Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, first, rows, ctx.faults(slot.seq), slot.stopped)
 
 
-def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop, ignore_eos: bool, deadline: float | None) -> bool:
-    """Pick the slot's next token from ``logits``; True when its generation is finished."""
+def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop, ignore_eos: bool, deadline: float | None, token: int | None = None) -> bool:
+    """Pick the slot's next token from ``logits`` (``token``: picked already from finite logits);
+    True when its generation is finished."""
     if slot.rows is not None:
         slot.rows.append(logits.copy())
     if slot.first is None:
         slot.first = logits.copy()
         if max_tokens <= 0:
             return True
-    if not np.isfinite(logits).all():
-        slot.nonfinite += 1
-        logits = np.nan_to_num(logits, nan=-np.inf)
-    token = ctx.pick(logits, temperature, slot.seq)
+    if token is None:
+        if not np.isfinite(logits).all():
+            slot.nonfinite += 1
+            logits = np.nan_to_num(logits, nan=-np.inf)
+        token = ctx.pick(logits, temperature, slot.seq)
     if ctx.model.is_eog(token) and not ignore_eos:
         return True
     slot.out.append(token)

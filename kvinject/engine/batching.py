@@ -192,7 +192,9 @@ def _generation(ctx: Context, slot: _Slot) -> Generation:
     return Generation(slot.out, ctx.model.detokenize(slot.out), slot.nonfinite, first, rows, ctx.faults(slot.seq), slot.stopped)
 
 
-def _step(ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop, ignore_eos: bool, deadline: float | None, token: int | None = None) -> bool:
+def _step(
+    ctx: Context, slot: _Slot, logits: np.ndarray, max_tokens: int, temperature: float, stop, ignore_eos: bool, deadline: float | None, token: int | None = None
+) -> bool:
     """Pick the slot's next token from ``logits`` (``token``: picked already from finite logits);
     True when its generation is finished."""
     if slot.rows is not None:

@@ -4,8 +4,8 @@ it, and against llama-batched-bench, interleaved.
     python perf/long_prefill.py [--model M] [--length 8192] [--steps 32] [--sequences 1]
                                 [--repeats 3] [--errors normal:0,0.25 ...] [--tools DIR]
 
-One context per configuration, of --sequences x (--length + --steps) cells, a stream of cells
-per sequence. Each repeat empties them, prefills each sequence with the same --length tokens of
+One context per configuration and repeat, of --sequences x (--length + --steps) cells, a stream
+of cells per sequence. Each repeat prefills each sequence with the same --length tokens of
 the bundled encyclopedia in n_batch pieces, the configurations taking turns piece by piece, in
 reversed order every other turn (so that this machine's drift and going first fall on all
 alike), then decodes --steps tokens after them, every sequence's in one decode, again in turns:
@@ -100,21 +100,23 @@ def main() -> None:
         tool = None
     specs = ["none", *args.errors]
     n_ctx = args.sequences * (args.length + args.steps + 64)
-    # A stream of cells per sequence, as generation benchmarks decode (experiments/executor.py).
-    contexts = {s: Context(model, error=parse_error(s), n_ctx=n_ctx, n_seq=args.sequences, n_batch=N_BATCH, streams=True) for s in specs}
     print(
         f"model {model.path.name}, {model.backend.n_threads} threads, {args.sequences} sequence(s): prefill of {args.length} tokens "
         f"each, then {args.steps} decodes; {args.repeats} repeats"
     )
     runs, reference = [], []
-    try:
-        for _ in range(args.repeats):
-            if tool is not None:
-                reference.append(batched_bench(tool, model, args.length, args.steps, args.sequences))
+    for _ in range(args.repeats):
+        if tool is not None:
+            reference.append(batched_bench(tool, model, args.length, args.steps, args.sequences))
+        # New contexts every repeat, as batched-bench makes its own: on this CPU one context's cache
+        # ran 5-10% faster or slower than another's of the same configuration, whichever was hooked.
+        # A stream of cells per sequence, as generation benchmarks decode (experiments/executor.py).
+        contexts = {s: Context(model, error=parse_error(s), n_ctx=n_ctx, n_seq=args.sequences, n_batch=N_BATCH, streams=True) for s in specs}
+        try:
             runs.append(repeat(contexts, tokens, args.steps, args.sequences))
-    finally:
-        for ctx in contexts.values():
-            ctx.close()
+        finally:
+            for ctx in contexts.values():
+                ctx.close()
     prompt = args.length * args.sequences
     clean_pp = [prompt / prefill["none"] for prefill, _ in runs]
     print(f"{'':<18}{'prefill tok/s':>14}{'ms/decode':>11}  ratios to none (prefill; decode): median (min, max) over repeats")

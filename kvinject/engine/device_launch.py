@@ -6,8 +6,9 @@ each device array, checked and flattened): on the H200 of session 24 that was 12
 Here the kernel's parameters sit in one block of 8-byte slots, laid out at the first launch as
 numba's calling convention flattens them (an array: meminfo, parent, size, itemsize, data, shape,
 strides; a scalar: its value), and a launch rewrites the slots that changed and calls
-``cuLaunchKernel`` with them. Every argument must be a 1-D device array or an int64/float64
-scalar, so that every slot is 8 bytes.
+``cuLaunchKernel`` with them: about 20 us a launch in Python, and on an H100 a hooked decode of
+one sequence took 5.0 ms instead of numba's 9.6 (session 27). Every argument must be a 1-D
+contiguous device array or an int64/float64 scalar, so that every slot is 8 bytes.
 
 Under numba's CUDA simulator there is no driver: :func:`launcher` launches through numba there, and
 where ``KVINJECT_NUMBA_LAUNCH=1`` asks for it (to compare the two).

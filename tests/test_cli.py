@@ -132,6 +132,33 @@ def test_run_writes_json_records_and_aggregates(tiny_path, tmp_path):
     assert csv.read_text().startswith("bench,label,metric")
 
 
+def test_a_control_run_decodes_without_statistics_or_numba_loaded(tiny_path):
+    """What a run holds while it decodes is its peak memory (perf/perplexity_lengths.py): a
+    control has nothing to hook (numba's compiled callback, about 50 MB) and its statistics come
+    after the runs (scipy.stats, 60 MB)."""
+    code = (
+        "import sys\n"
+        "from kvinject.engine.context import Context\n"
+        "from kvinject.cli.launch import main\n"
+        "decode = Context.decode\n"
+        "def watched(self, entries):\n"
+        "    if not hasattr(Context, 'seen'):\n"
+        "        Context.seen = sorted(m for m in ('scipy.stats', 'numba', 'pandas') if m in sys.modules)\n"
+        "    decode(self, entries)\n"
+        "Context.decode = watched\n"
+        "sys.argv = ['kvinject', *sys.argv[1:]]\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print('loaded while decoding:', Context.seen, file=sys.stderr)\n"
+    )
+    argv = ["run", "--bench", "perplexity", "--chunks", "1", "--ctx", "64", "--model", tiny_path, "--format", "json"]
+    out = subprocess.run([sys.executable, "-c", code, *map(str, argv)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "loaded while decoding: []" in out.stderr
+    assert json.loads(out.stdout)["aggregates"], "the statistics were computed after the runs"
+
+
 def test_score_checks_responses_generated_elsewhere(tmp_path):
     fixtures = os.path.join(os.path.dirname(__file__), "fixtures", "ifeval")
     verdicts = tmp_path / "verdicts.jsonl"

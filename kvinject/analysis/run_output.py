@@ -13,7 +13,6 @@ from ..engine.realized import Realized, RealizedStats
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
 from ..experiments.grid import settings_key
-from .aggregate import aggregate
 
 
 @dataclass
@@ -28,6 +27,10 @@ class RunOutput:
     interrupted: bool = False
 
     def aggregates(self) -> list[dict[str, object]]:
+        # Imported here: its statistics import scipy.stats (60 MB), which a run made with this
+        # output in hand would otherwise hold through every decode (its peak memory).
+        from .aggregate import aggregate
+
         out = []
         for name, bench in self.benches.items():
             out += aggregate(bench, [record_result(r) for r in self.records if r["settings"]["bench"] == name])

@@ -96,7 +96,7 @@ head -45 "$work/profile.log"
 step "generation: kvinject against llama-batched-bench"
 timeout 75 $py perf/generation_speed.py --tools "$tools" --forms fixed --parallel 8 --prompts 32 --repeats 2 2>&1 | tee "$work/generation.log" | tail -8
 step "long-prompt generation: 4096-token prompts, 1 and 8 sequences, against llama-batched-bench"
-for n in 1 8; do timeout 45 $py perf/long_prefill.py --tools "$tools" --length 4096 --steps 32 --sequences $n --repeats 2 2>&1 | tail -5; done | tee "$work/long.log"
+for n in 1 8; do timeout 45 $py perf/long_prefill.py --tools "$tools" --length 4096 --steps 32 --sequences $n --repeats 2 2>&1 | tail -8; done | tee "$work/long.log"
 step "perplexity: kvinject against llama-perplexity"
 timeout 60 $py perf/perplexity_speed.py --tools "$tools" --ctx 512 --chunks 16 --repeats 3 2>&1 | tee "$work/perplexity.log" | tail -14
 if [ "${GPU_PACK_BUILD:-0}" = 1 ]; then

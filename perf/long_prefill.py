@@ -12,7 +12,9 @@ alike), then decodes --steps tokens after them, every sequence's in one decode, 
 llama-batched-bench's work for -npp --length -ntg --steps -npl --sequences.
 Ratios, one per repeat: the clean run's time over the configuration's (below 1: what the hook
 costs). With llama-batched-bench found (--tools, $LLAMA_TOOLS or PATH), it runs that row
-before each repeat, and its prompt speed and whole time are compared with kvinject's clean run.
+before the first repeat and after each, and kvinject's clean run is compared with the mean of
+the two runs around it: this machine's speed drifts by 10% within minutes, and kvinject's
+contexts taking turns run twice as long as batched-bench (docs/performance.md, session 28).
 """
 
 from __future__ import annotations
@@ -104,10 +106,10 @@ def main() -> None:
         f"model {model.path.name}, {model.backend.n_threads} threads, {args.sequences} sequence(s): prefill of {args.length} tokens "
         f"each, then {args.steps} decodes; {args.repeats} repeats"
     )
-    runs, reference = [], []
+    runs, bench = [], []
+    if tool is not None:
+        bench.append(batched_bench(tool, model, args.length, args.steps, args.sequences))
     for _ in range(args.repeats):
-        if tool is not None:
-            reference.append(batched_bench(tool, model, args.length, args.steps, args.sequences))
         # New contexts every repeat, as batched-bench makes its own: on this CPU one context's cache
         # ran 5-10% faster or slower than another's of the same configuration, whichever was hooked.
         # A stream of cells per sequence, as generation benchmarks decode (experiments/executor.py).
@@ -117,6 +119,8 @@ def main() -> None:
         finally:
             for ctx in contexts.values():
                 ctx.close()
+        if tool is not None:
+            bench.append(batched_bench(tool, model, args.length, args.steps, args.sequences))
     prompt = args.length * args.sequences
     clean_pp = [prompt / prefill["none"] for prefill, _ in runs]
     print(f"{'':<18}{'prefill tok/s':>14}{'ms/decode':>11}  ratios to none (prefill; decode): median (min, max) over repeats")
@@ -125,12 +129,16 @@ def main() -> None:
         ms = [decode[spec] / args.steps * 1e3 for _, decode in runs]
         line = f"{spec:<18}{sorted(pp)[len(pp) // 2]:>14.1f}{sorted(ms)[len(ms) // 2]:>11.2f}"
         if spec != "none":
-            line += f"  {spread([p['none'] / p[spec] for p, _ in runs])}; {spread([d['none'] / d[spec] for _, d in runs])}"
+            ratios = [p["none"] / p[spec] for p, _ in runs]
+            line += f"  {spread(ratios)}; {spread([d['none'] / d[spec] for _, d in runs])}\n{'':<18}prefill per repeat: {', '.join(f'{r:.3f}' for r in ratios)}"
         print(line)
-    if reference:
+    if bench:
+        # each repeat against the mean of the batched-bench runs before and after it
+        reference = [((b0 + b1) / 2, (t0 + t1) / 2) for (b0, t0), (b1, t1) in zip(bench, bench[1:])]
         clean = [p["none"] + d["none"] for p, d in runs]
-        print(f"{'llama-batched-bench':<18}{sorted(r for r, _ in reference)[len(reference) // 2]:>14.1f}")
-        print(f"kvinject clean / llama-batched-bench, paired per repeat: prefill speed {spread([k / r for k, (r, _) in zip(clean_pp, reference)])}")
+        print(f"{'llama-batched-bench':<18}{sorted(r for r, _ in bench)[len(bench) // 2]:>14.1f}  runs: {', '.join(f'{r:.1f}' for r, _ in bench)}")
+        print(f"kvinject clean, per repeat: {', '.join(f'{k:.1f}' for k in clean_pp)}")
+        print(f"kvinject clean / llama-batched-bench around it: prefill speed {spread([k / r for k, (r, _) in zip(clean_pp, reference)])}")
         print(f"  whole run (prefill and decodes) speed {spread([t / k for k, (_, t) in zip(clean, reference)])}")
 
 

@@ -111,7 +111,7 @@ def main() -> None:
         bench.append(batched_bench(tool, model, args.length, args.steps, args.sequences))
     for _ in range(args.repeats):
         # New contexts every repeat, as batched-bench makes its own: on this CPU one context's cache
-        # ran 5-10% faster or slower than another's of the same configuration, whichever was hooked.
+        # ran 5-15% faster or slower than another's of the same configuration, whichever was hooked.
         # A stream of cells per sequence, as generation benchmarks decode (experiments/executor.py).
         contexts = {s: Context(model, error=parse_error(s), n_ctx=n_ctx, n_seq=args.sequences, n_batch=N_BATCH, streams=True) for s in specs}
         try:

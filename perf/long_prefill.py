@@ -15,6 +15,9 @@ costs). With llama-batched-bench found (--tools, $LLAMA_TOOLS or PATH), it runs 
 before the first repeat and after each, and kvinject's clean run is compared with the mean of
 the two runs around it: this machine's speed drifts by 10% within minutes, and kvinject's
 contexts taking turns run twice as long as batched-bench (docs/performance.md, session 28).
+`--errors` with no spec runs the clean context alone, one context at a time as batched-bench does.
+`--bare` adds a context of llama-cpp-python's own, made with the same parameters and decoded
+without kvinject: what kvinject's code adds over the library it drives.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 import argparse
 import re
 import time
+
+import llama_cpp as ll
 
 from kvinject.benchmarks.haystack import filler_sentences
 from kvinject.engine.context import Context
@@ -38,6 +43,35 @@ def text_tokens(model: Model, length: int) -> list[int]:
     """The first ``length`` tokens of the bundled encyclopedia (about 40K tokens), repeated if need be."""
     tokens = model.tokenize(" ".join(filler_sentences(None)))
     return (tokens * (length // len(tokens) + 1))[:length]
+
+
+class Bare:
+    """A llama-cpp-python context with the parameters kvinject's clean Context sets (no hook),
+    decoded through the same batch fields: the library's speed in this process."""
+
+    def __init__(self, model: Model, n_ctx: int, n_seq: int) -> None:
+        params = ll.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, N_BATCH, N_BATCH, n_seq
+        params.kv_unified = False  # a stream per sequence, as Context(streams=True) and batched-bench
+        params.n_threads = params.n_threads_batch = model.backend.n_threads
+        params.no_perf = True
+        self._ptr = ll.llama_init_from_model(model.ptr, params)
+        self._batch = ll.llama_batch_init(N_BATCH, 0, n_seq)
+
+    def begin_item(self, seq: int, item: int) -> None:
+        """Nothing to seed: no noise without kvinject."""
+
+    def decode(self, entries: list[tuple[int, int, int, bool]]) -> None:
+        for i, (token, pos, seq, logits) in enumerate(entries):
+            self._batch.token[i], self._batch.pos[i], self._batch.logits[i] = token, pos, logits
+            self._batch.n_seq_id[i], self._batch.seq_id[i][0] = 1, seq
+        self._batch.n_tokens = len(entries)
+        if ll.llama_decode(self._ptr, self._batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def close(self) -> None:
+        ll.llama_batch_free(self._batch)
+        ll.llama_free(self._ptr)
 
 
 def turns(contexts: dict, i: int) -> list:
@@ -91,7 +125,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--sequences", type=int, default=1, help="sequences prefilled one after the other, then decoded together")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--errors", nargs="+", default=ERRORS, help="error specs compared with none")
+    ap.add_argument("--errors", nargs="*", default=ERRORS, help="error specs compared with none (none given: the clean context alone)")
+    ap.add_argument("--bare", action="store_true", help="also a llama-cpp-python context decoded without kvinject")
     ap.add_argument("--tools", help="folder holding llama-batched-bench (else $LLAMA_TOOLS or PATH; skipped when absent)")
     args = ap.parse_args()
     model = Model(args.model, BackendOptions(threads=args.threads))
@@ -101,6 +136,7 @@ def main() -> None:
     except SystemExit:
         tool = None
     specs = ["none", *args.errors]
+    shown = specs + ["llama-cpp-python"] * args.bare
     n_ctx = args.sequences * (args.length + args.steps + 64)
     print(
         f"model {model.path.name}, {model.backend.n_threads} threads, {args.sequences} sequence(s): prefill of {args.length} tokens "
@@ -114,6 +150,8 @@ def main() -> None:
         # ran 5-15% faster or slower than another's of the same configuration, whichever was hooked.
         # A stream of cells per sequence, as generation benchmarks decode (experiments/executor.py).
         contexts = {s: Context(model, error=parse_error(s), n_ctx=n_ctx, n_seq=args.sequences, n_batch=N_BATCH, streams=True) for s in specs}
+        if args.bare:
+            contexts["llama-cpp-python"] = Bare(model, n_ctx, args.sequences)
         try:
             runs.append(repeat(contexts, tokens, args.steps, args.sequences))
         finally:
@@ -123,14 +161,16 @@ def main() -> None:
             bench.append(batched_bench(tool, model, args.length, args.steps, args.sequences))
     prompt = args.length * args.sequences
     clean_pp = [prompt / prefill["none"] for prefill, _ in runs]
-    print(f"{'':<18}{'prefill tok/s':>14}{'ms/decode':>11}  ratios to none (prefill; decode): median (min, max) over repeats")
-    for spec in specs:
+    print(f"{'':<18}{'prefill tok/s':>14}{'ms/decode':>11}  speed ratios (prefill; decode), median (min, max) over repeats: to none; none to llama-cpp-python")
+    for spec in shown:
         pp = [prompt / prefill[spec] for prefill, _ in runs]
         ms = [decode[spec] / args.steps * 1e3 for _, decode in runs]
         line = f"{spec:<18}{sorted(pp)[len(pp) // 2]:>14.1f}{sorted(ms)[len(ms) // 2]:>11.2f}"
         if spec != "none":
-            ratios = [p["none"] / p[spec] for p, _ in runs]
-            line += f"  {spread(ratios)}; {spread([d['none'] / d[spec] for _, d in runs])}\n{'':<18}prefill per repeat: {', '.join(f'{r:.3f}' for r in ratios)}"
+            # an error model's speed over the clean one's; for the bare context, kvinject's clean speed over the library's
+            a, b = ("none", spec) if spec in specs else (spec, "none")
+            ratios = [p[a] / p[b] for p, _ in runs]
+            line += f"  {spread(ratios)}; {spread([d[a] / d[b] for _, d in runs])}\n{'':<18}prefill per repeat: {', '.join(f'{r:.3f}' for r in ratios)}"
         print(line)
     if bench:
         # each repeat against the mean of the batched-bench runs before and after it

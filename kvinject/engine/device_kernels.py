@@ -130,7 +130,8 @@ def change(x, span, row, at, law, seg_first, seg_key, seg_start, seg_rows, flips
     """Change ``x`` (rows of ``row`` float32 values) in place, span by span, and add what changed
     to ``acc`` (N_ACC float64). Segment k's rows, from ``seg_first[k]``, take their factors from
     their stream's values from ``seg_start[k] + at * seg_rows[k]`` on, ``row`` a row (the host's
-    layout); ``flips``: FLIP's masks, one a value; ``mask`` (rows) and ``columns`` (row), when not
+    layout); ``flips``: FLIP's masks, one a value, laid out as those values (each segment's from
+    its ``seg_start`` on, so a decode's are uploaded once); ``mask`` (rows) and ``columns`` (row), when not
     empty: which rows and components get the error; the others keep their values."""
     kind = np.int64(law[0])
     sums = cuda.local.array(N_ACC, float64)
@@ -160,7 +161,7 @@ def change(x, span, row, at, law, seg_first, seg_key, seg_start, seg_rows, flips
         for j in range(first, first + span):
             c = j - r * row
             before = x[j]
-            flip = np.uint32(flips[j]) if flips.size > 0 else np.uint32(0)
+            flip = np.uint32(flips[base + c]) if flips.size > 0 else np.uint32(0)
             after, start = _changed(kind, law, before, seg_key[k], base + c, scale, flip)
             if row_out or (columns.size > 0 and columns[c] == 0):  # kept: counts as unchanged, and outside
                 sums[8] += 1

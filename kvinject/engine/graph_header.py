@@ -3,7 +3,7 @@
 The callback (kvinject/engine/graph_callback.py) works on one int64 array of HEADER slots, the
 header, shared with the Python side that fills it before a decode and reads it after
 (kvinject/engine/hook.py and the modules that lend it tables: cache_writes, attention, hidden,
-queries, residual). A slot holds one of four kinds of value:
+queries, residual, device). A slot holds one of four kinds of value:
 
 - **array**: the ``ctypes.data`` of a numpy array its writer keeps alive (0: none), of the
   element type named below; the callback views it with numba's ``carray``;
@@ -71,8 +71,23 @@ QUERY, QUERY_CAP, QUERY_WIDTH, QUERY_LAYERS, QUERY_COPIES = range(59, 64)
 # CACHE_LAYERS (count): which layer a cache write is for, so that the cells it writes are hidden
 # from no head from then on (a new token in them).
 CACHE_K, CACHE_LAYERS = range(64, 66)
-HEADER = 66
+# DEVICE (array, int64 of DEVICE_SLOTS: how the callback launches the device kernel at a claim,
+# kvinject/engine/device.py's ClaimTable; 0: claims in device memory go to Python), BUFFER_NAME
+# (function: ggml_backend_buffer_name, which tells the first CUDA device's memory).
+DEVICE, BUFFER_NAME = range(66, 68)
+HEADER = 68
 LAW_SLOTS = 5
+
+# DEVICE's slots (P, but for D_COUNTS and D_PENDING): D_LAUNCH/D_SYNCHRONIZE (functions:
+# cuLaunchKernel, cuStreamSynchronize), D_FUNCTION/D_STREAM (the kernel's CUfunction and its
+# stream), D_SLOTS_K/V (array, int64: a component's parameter slots; 0: its claims go to Python),
+# D_POINTERS_K/V (array, int64: the slots' addresses, the launch's kernelParams), D_X (count: the
+# tensor's first slot), D_AT (count: the slot of where its noise starts), D_SPAN/D_THREADS (counts:
+# values a thread, threads a block), D_COUNTS (array, int64 (component, values/sites): C adds what
+# it launched on), D_PENDING (C: launched since the last synchronization).
+D_LAUNCH, D_SYNCHRONIZE, D_FUNCTION, D_STREAM, D_SLOTS_K, D_SLOTS_V, D_POINTERS_K, D_POINTERS_V = range(8)
+D_X, D_AT, D_SPAN, D_THREADS, D_COUNTS, D_PENDING = range(8, 14)
+DEVICE_SLOTS = 14
 
 # MODE's values.
 RUN, LEARN = 0, 1
@@ -87,3 +102,4 @@ RESID_COLUMNS = 3
 
 # ERROR's codes, turned into exceptions by the hook after the decode.
 MISMATCH, NOT_F32, BAD_ROWS, LEARN_OVERFLOW, WRITES_OVERFLOW, BAD_INDEX, BAD_SOFT_MAX = 1, 2, 3, 4, 5, 6, 7
+LAUNCH_FAILED, SYNCHRONIZE_FAILED = 8, 9  # ERROR_VALUE: the CUresult

@@ -70,6 +70,46 @@ def _tensor_get(typingctx, function, tensor, data, offset, size):
     return types.void(types.int64, types.int64, types.int64, types.int64, types.int64), _call_void
 
 
+def _call_returning(width: int):
+    """Codegen of ``f(int64)`` through the address in ``args[0]``, its ``width``-bit result widened to int64."""
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(width), [ir.IntType(64)])
+        result = builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [args[1]])
+        return result if width == 64 else builder.sext(result, ir.IntType(64))
+
+    return codegen
+
+
+@intrinsic
+def _synchronize(typingctx, function, stream):
+    """cuStreamSynchronize(stream) through its address: the CUresult."""
+    return types.int64(types.int64, types.int64), _call_returning(32)
+
+
+@intrinsic
+def _buffer_name(typingctx, function, buffer):
+    """ggml_backend_buffer_name(buffer) through its address: the name's address."""
+    return types.int64(types.int64, types.int64), _call_returning(64)
+
+
+@intrinsic
+def _launch(typingctx, function, kernel, blocks, threads, stream, params):
+    """cuLaunchKernel(kernel, blocks, 1, 1, threads, 1, 1, 0, stream, params, NULL) through its
+    address: the CUresult."""
+
+    def codegen(context, builder, signature, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        fnty = ir.FunctionType(i32, [i64, i32, i32, i32, i32, i32, i32, i32, i64, i64, i64])
+        fn, kernel, blocks, threads, stream, params = args
+        one, zero = ir.Constant(i32, 1), ir.Constant(i32, 0)
+        grid_and_block = [builder.trunc(blocks, i32), one, one, builder.trunc(threads, i32), one, one]
+        result = builder.call(builder.inttoptr(fn, fnty.as_pointer()), [kernel, *grid_and_block, zero, stream, params, ir.Constant(i64, 0)])
+        return builder.sext(result, i64)
+
+    return types.int64(*[types.int64] * 6), codegen
+
+
 @njit(cache=True)
 def _layer(name, start):
     """The layer number a node name ends with, from ``start`` to its NUL, or -1."""

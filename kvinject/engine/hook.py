@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import re
 from dataclasses import replace
+from functools import cache
 from typing import Callable
 
 import numpy as np
@@ -46,6 +47,7 @@ from .variates import Block, DecodeNoise, Draws, Variates
 
 # The Python side of changes the compiled callback hands back: how many (tensor, site, at) it queued.
 _APPLY = ctypes.CFUNCTYPE(None, ctypes.c_int64)
+_BUFFER_TEST = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p)  # ggml_backend_buffer_is_host's signature
 _TAGGED_K = re.compile(rb"Kcur_[a-z_]{0,9}-(\d+)")  # what the compiled callback's _site takes for K before RoPE
 LEARN_CAPACITY = 1 << 17  # graph nodes recorded while learning (llama.cpp's graphs hold a few thousand)
 
@@ -80,7 +82,7 @@ class KVHook:
         self.plan = GraphPlan({}, {}, {})
         self._host_rows: dict[tuple[int, int, int, int], np.ndarray] = {}
         self._device: DeviceChange | None = None  # device memory changed where it is (kvinject/engine/device.py)
-        self._device_tried = self._device_laid_out = False
+        self._device_tried = False
         self._staged = {"k": Staging(), "v": Staging()}
         self._work = Workspace()
         self._error: BaseException | None = None
@@ -130,8 +132,9 @@ class KVHook:
         head[gh.PRE_ROPE] = self._pre_rope = entry is not None and entry.pre_rope
         head[gh.PYTHON_APPLY] = ctypes.cast(self._python_apply, ctypes.c_void_p).value
         head[gh.WRITTEN] = ctypes.cast(self._python_written, ctypes.c_void_p).value if self._blocks else 0
-        head[gh.IS_HOST], head[gh.IS_CONTIGUOUS] = (
-            ctypes.cast(fn, ctypes.c_void_p).value for fn in (ggml.lib().ggml_backend_buffer_is_host, ggml.lib().ggml_is_contiguous)
+        head[gh.IS_HOST], head[gh.IS_CONTIGUOUS], head[gh.BUFFER_NAME] = (
+            ctypes.cast(fn, ctypes.c_void_p).value
+            for fn in (ggml.lib().ggml_backend_buffer_is_host, ggml.lib().ggml_is_contiguous, ggml.lib().ggml_backend_buffer_name)
         )
         self.writes = None if entry is not None else CacheWrites(head, n_layer)
         self.attention: AttentionSums | None = None
@@ -187,13 +190,13 @@ class KVHook:
             self.attention.layout(int(head[gh.ROWS]))
         if self.queries is not None:
             self.queries.layout(int(head[gh.ROWS]))
-        if self.writes is not None or not (self.error.random or head[gh.NATIVE]):  # a cache-resident model draws its own
+        if self.writes is None and self.error.random:  # a cache-resident model draws its own
+            self._noise = noise = DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments])
+        self._lay_out_device()
+        if self.writes is not None or not head[gh.NATIVE]:
             head[gh.N_SEG] = 0
             return
         if self.error.random:
-            self._noise = noise = DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments])
-            if not head[gh.NATIVE]:
-                return
             runs = [(np.uint64(block.variates.key).view(np.int64), block.start, rows) for block, rows in noise.blocks]
         else:  # compiled without noise (a rounding): one run of every row
             runs = [(0, 0, head[gh.ROWS])]
@@ -283,8 +286,7 @@ class KVHook:
         if x is None:
             x = self._rows(ptr, t, component)
         if not isinstance(x, np.ndarray) and (on_device := self._device_for(t, x[1])) is not None:
-            flips = self._noise.take(x[0] * x[1]) if on_device.flips else None
-            on_device.change(t.data, x[0], x[1], component, at, flips)
+            on_device.change(t.data, x[0], x[1], component, at)
             return
         # The model changes every value (each value's noise is read as without --positions or
         # --heads); the rows and heads they leave out get their values back.
@@ -322,7 +324,7 @@ class KVHook:
         """A (rows, row) float32 view of host memory, or the (rows, row) shape of device
         memory (the compiled callback has checked that it is contiguous f32 rows)."""
         n, row = ggml.numel(t), self.row[component]
-        if not ggml.lib().ggml_backend_buffer_is_host(t.buffer):
+        if not _buffer_test(int(self._head[gh.IS_HOST]))(t.buffer):  # as the compiled callback asks
             return (n // row, row)
         # The scheduler reuses its graph nodes and compute buffers, so the same key recurs.
         x = np.frombuffer((ctypes.c_float * n).from_address(t.data), dtype=np.float32).reshape(-1, row)
@@ -331,23 +333,34 @@ class KVHook:
 
     def _device_for(self, t: ggml.GgmlTensor, row: int) -> DeviceChange | None:
         """The device path for rows of ``row`` in device memory (created at the first), or None
-        where they are copied: no law for it (kvinject/engine/laws.py), no CUDA here, or another device."""
+        where they are copied: no law for it (kvinject/engine/laws.py), no CUDA here, or another device.
+        Once created, the compiled callback launches the kernels of later claims itself."""
         if not self._device_tried:
             self._device_tried = True
             law = self.entry.device_law
             if law is not None and device.usable():
-                self._device = DeviceChange(law, self._columns)
-        if self._device is None or not self._device.span_fits(row) or not device.first_cuda_buffer(t.buffer):
+                self._device = DeviceChange(law, self._columns, self.row)
+                self._lay_out_device()
+                if self._device.claims is not None:
+                    self._head[gh.DEVICE] = self._device.claims.table.ctypes.data
+        if self._device is None or not self._device.span_fits(row) or not device.first_cuda_buffer(int(self._head[gh.BUFFER_NAME]), t.buffer):
             return None
-        if not self._device_laid_out:
-            noise = self._noise
-            if noise is not None and all(isinstance(block, Block) for block, _ in noise.blocks):
-                runs = [(block.variates.key, block.start, rows) for block, rows in noise.blocks]
-            else:  # no factors: one run of every row
-                runs = [(0, 0, int(self._head[gh.ROWS]))]
-            self._device.layout(runs, self._mask)
-            self._device_laid_out = True
         return self._device
+
+    def _lay_out_device(self) -> None:
+        """This decode's segments, row mask and bit flips on the device, before the claims launch kernels."""
+        if self._device is None:
+            return
+        noise, flips = self._noise, None
+        if noise is not None and all(isinstance(block, Block) for block, _ in noise.blocks):
+            runs = [(block.variates.key, block.start, rows) for block, rows in noise.blocks]
+        elif noise is not None and self._device.flips:  # drawn masks: each segment's from its first value on
+            flips = np.concatenate([block for block, _ in noise.blocks]) if len(noise.blocks) > 1 else noise.blocks[0][0]
+            starts = np.cumsum([0, *(len(block) for block, _ in noise.blocks[:-1])])
+            runs = [(0, int(start), rows) for start, (_, rows) in zip(starts, noise.blocks)]
+        else:  # no factors: one run of every row
+            runs = [(0, 0, int(self._head[gh.ROWS]))]
+        self._device.layout(runs, self._mask, flips)
 
     def _kept(self, component: str) -> np.ndarray | None:
         """The (rows, row) values of this decode's ``component`` that keep their values: the
@@ -411,9 +424,8 @@ class KVHook:
             self._decodes += 1
             self._total_sums += self._sums
             self._total_outside += self._outside_sums
-            if self._device_laid_out:
+            if self._device is not None and self._device.laid_out:
                 self._device.fold(keep=True)
-                self._device_laid_out = False
             for c in "kv":
                 staged = self._staged[c]
                 if staged.sites:
@@ -466,6 +478,9 @@ class KVHook:
             raise ModelError(f"this model's graph writes the KV cache more often than kvinject can record ({value} writes)")
         if code == gh.BAD_SOFT_MAX:
             raise ModelError("eviction by attention reads contiguous f32 attention weights of one stream in host memory, and this graph's are not (a GPU?)")
+        if code in (gh.LAUNCH_FAILED, gh.SYNCHRONIZE_FAILED):
+            what = "launch the K/V kernel at" if code == gh.LAUNCH_FAILED else "finish the K/V kernel of"
+            raise InjectionError(f"the CUDA driver could not {what} '{name}' (CUDA error {value}); KVINJECT_DEVICE_KERNELS=0 copies K/V to the host instead")
         if code == gh.BAD_INDEX:
             raise ModelError("this model's graph indexes its KV cache writes with a type other than int64; kvinject cannot follow them")
         raise ModelError(f"this model's graph has more than {LEARN_CAPACITY} nodes; kvinject cannot learn it")
@@ -482,9 +497,8 @@ class KVHook:
         self._noise = None
         if self._blocks is not None:
             self._blocks.clear()
-        if self._device_laid_out:  # a failed decode's: dropped
+        if self._device is not None and self._device.laid_out:  # a failed decode's: dropped
             self._device.fold(keep=False)
-            self._device_laid_out = False
         for staged in self._staged.values():
             staged.clear()
         if self.writes is not None:
@@ -496,3 +510,9 @@ class KVHook:
 def _site(component: str, layer: int) -> int:
     """A K or V's row in the compiled callback's tables."""
     return 2 * layer + (component == "v")
+
+
+@cache
+def _buffer_test(address: int):
+    """The header's ``bool f(ggml_backend_buffer_t)`` at ``address``, callable from Python."""
+    return _BUFFER_TEST(address)

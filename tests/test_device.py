@@ -260,3 +260,29 @@ def test_offloaded_kv_changed_on_the_device_is_what_the_copy_gave(tiny, spec, mo
         np.testing.assert_allclose([got.signal, got.noise], [want.signal, want.noise], rtol=1e-6)  # float32 vs float64 differences (test above)
     ctx_kernels.close()
     ctx_copied.close()
+
+
+def test_bit_flips_of_several_items_go_to_the_device_once_a_decode_laid_out_as_their_streams():
+    """FLIP's masks are uploaded at the decode's layout, each item's from its first value on: every
+    site's rows take the masks that DecodeNoise.take gives them on the host."""
+    from kvinject.engine.device import DeviceChange
+    from kvinject.engine.variates import DecodeNoise
+
+    model = parse_error("bitflip:0.05,format=bf16")
+    rows, width = (2, 3), 2 * ROW  # two items in one decode; K and V of one layer
+    rng = np.random.default_rng(7)
+    blocks = [(model.draw(rng, r * width), r) for r in rows]
+    noise = DecodeNoise(blocks)
+    starts = np.cumsum([0, *(len(b) for b, _ in blocks[:-1])])
+    change = DeviceChange(model.device_law, {"k": None, "v": None}, {"k": ROW, "v": ROW})
+    change.layout([(0, int(s), r) for s, (_, r) in zip(starts, blocks)], None, np.concatenate([b for b, _ in blocks]))
+    for component, at, seed in (("k", 0, 8), ("v", ROW, 9)):
+        x = _rows(sum(rows), seed)
+        address, read = _device_memory(x)
+        change.change(address, sum(rows), ROW, component, at)
+        change.wait()
+        noise.at = at
+        host = x.copy()
+        model.apply(host, type("Given", (), {"take": lambda self, n: noise.take(n)})())
+        np.testing.assert_array_equal(read().reshape(x.shape).view(np.uint32), host.view(np.uint32))
+        assert (host != x).any()

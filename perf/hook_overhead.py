@@ -69,8 +69,8 @@ def launch_nothing():
     def nothing(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         return 0
 
-    driver = replace(device_launch.cuda_driver(), launch=nothing.address)
-    device_launch.cuda_driver = lambda: driver
+    cuda_driver = device_launch.cuda_driver
+    device_launch.cuda_driver = lambda: replace(cuda_driver(), launch=nothing.address)
     return nothing
 
 

@@ -5,7 +5,7 @@ compiles anew. Each run is a new process, as each kvinject command is."""
 import subprocess
 import sys
 
-from kvinject.engine import counter_rng, device_launch, graph_callback, graph_header, graph_memory, laws, numba_cache, rounding
+from kvinject.engine import counter_rng, device_claims, device_launch, graph_callback, graph_header, graph_memory, laws, numba_cache, rounding
 
 HELPER = "from numba import njit\n\n\n@njit(cache=True)\ndef value():\n    return {}\n"
 CALLER = """import sys
@@ -47,5 +47,5 @@ def test_a_change_to_an_inlined_module_recompiles_only_a_stamped_function(tmp_pa
 
 def test_the_graph_callback_is_stamped_by_the_modules_it_inlines():
     stamped = graph_callback.callback._cache._impl.locator.get_source_stamp()
-    inlined = [graph_header, graph_memory, rounding, counter_rng, laws, device_launch]
+    inlined = [graph_header, graph_memory, rounding, counter_rng, laws, device_claims, device_launch]
     assert stamped == numba_cache.stamp([graph_callback.__file__, *(m.__file__ for m in inlined)])

@@ -32,6 +32,7 @@ import numpy as np
 from . import device_launch, laws
 from . import graph_header as gh
 from .graph_callback import N_SUMS
+from .variates import Block, DecodeNoise
 
 
 @cache
@@ -143,6 +144,21 @@ class DeviceChange:
                 for i, a in (*arrays, (FLIPS, d_flips), (MASK, d_mask)):
                     launch.put(i, a)
         self._laid_out = True
+
+    def lay_out_decode(self, noise: DecodeNoise | None, mask: np.ndarray | None, rows: int) -> None:
+        """:meth:`layout` for a decode of ``rows`` batch rows with the hook's ``noise``: counter
+        streams by key and first value; drawn bit-flip masks uploaded, each item's from its first
+        value on; else one run of every row."""
+        flips = None
+        if noise is not None and all(isinstance(block, Block) for block, _ in noise.blocks):
+            runs = [(block.variates.key, block.start, n) for block, n in noise.blocks]
+        elif noise is not None and self.flips:
+            flips = np.concatenate([block for block, _ in noise.blocks]) if len(noise.blocks) > 1 else noise.blocks[0][0]
+            starts = np.cumsum([0, *(len(block) for block, _ in noise.blocks[:-1])])
+            runs = [(0, int(start), n) for start, (_, n) in zip(starts, noise.blocks)]
+        else:
+            runs = [(0, 0, rows)]
+        self.layout(runs, mask, flips)
 
     @property
     def laid_out(self) -> bool:

@@ -149,3 +149,13 @@ def devices() -> list[dict[str, object]]:
             }
         )
     return out
+
+
+# bool f(ggml_backend_buffer_t), as ggml_backend_buffer_is_host: the hook's header holds such functions by address.
+_BUFFER_TEST = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p)
+
+
+@cache
+def buffer_test(address: int):
+    """The ``bool f(ggml_backend_buffer_t)`` at ``address``, callable from Python."""
+    return _BUFFER_TEST(address)

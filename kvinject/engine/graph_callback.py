@@ -14,8 +14,8 @@ item's stream of kvinject/engine/variates.py), the rows and the components of a 
 (``--positions``, ``--heads``) and the realized-error sums.
 Multiplicative error models on host memory are applied here, their factors computed in the
 same pass, with their realized-error sums, and so is rounding to a minifloat; in a CUDA
-device's memory, the device kernel is launched from here through the driver (:func:`_launched`,
-kvinject/engine/device.py); anything else (other models, the first claim in device memory,
+device's memory, the device kernel is launched from here through the driver
+(kvinject/engine/device_claims.py); anything else (other models, the first claim in device memory,
 which sets the device path up) is handed back to a Python function, and so is
 each cache write once computed where a model flips bits of the stored blocks. For
 cache-resident models it records instead where each decode writes K and V in the cache
@@ -33,9 +33,10 @@ from dataclasses import fields
 import numpy as np
 from numba import carray, cfunc, njit, types
 
-from . import counter_rng, device_launch, ggml, graph_memory, laws, numba_cache, rounding
+from . import counter_rng, device_claims, device_launch, ggml, graph_memory, laws, numba_cache, rounding
 from . import graph_header as gh
 from .counter_rng import factor, hash_at
+from .device_claims import launched, wait
 from .graph_memory import (
     _BUFFER,
     _DATA,
@@ -46,7 +47,6 @@ from .graph_memory import (
     _SRC,
     _TYPE,
     _VIEW_SRC,
-    _buffer_name,
     _f32,
     _f64,
     _ggml_test,
@@ -55,12 +55,10 @@ from .graph_memory import (
     _i64,
     _is_soft_max,
     _l_out_layer,
-    _launch,
     _layer,
     _python_apply,
     _python_written,
     _q_rope_layer,
-    _synchronize,
     _tensor_get,
     _u8,
     _u32,
@@ -70,10 +68,10 @@ from .laws import ROUND
 from .realized import RealizedStats
 from .rounding import round_scaled, round_to, shared_scale
 
-# The compiled pass reads graph_header's slots and inlines graph_memory's, rounding's and counter_rng's functions (and laws' kinds,
-# device_launch's slots):
-# cached, it depends on them too.
-numba_cache.stamp_with(__file__, [gh.__file__, graph_memory.__file__, rounding.__file__, counter_rng.__file__, laws.__file__, device_launch.__file__])
+# The compiled pass reads graph_header's slots and inlines graph_memory's, rounding's, counter_rng's and
+# device_claims' functions (and laws' kinds, device_launch's slots): cached, it depends on them too.
+_INLINED = [gh, graph_memory, rounding, counter_rng, laws, device_claims, device_launch]
+numba_cache.stamp_with(__file__, [module.__file__ for module in _INLINED])
 
 # Realized-error sums per component, in RealizedStats' field order (written by _change).
 N_SUMS = len(fields(RealizedStats))
@@ -162,7 +160,9 @@ def _end_run(head, sites):
         _perturb(head, t, s)
         sites[s, gh.HITS] += 1
     if head[gh.DEVICE] != 0:
-        _wait(head, site)
+        err = wait(head)
+        if err != 0:
+            _fail(head, gh.SYNCHRONIZE_FAILED, site, err)
     if head[gh.N_QUEUED] > 0:  # one call into Python per claim (K and V together): each costs microseconds
         _python_apply(head[gh.PYTHON_APPLY], head[gh.N_QUEUED])
         head[gh.N_QUEUED] = 0
@@ -185,7 +185,10 @@ def _perturb(head, t, site):
     head[gh.AT] = at + row
     buffer = carray(_i64(t + _BUFFER), 1)[0]
     if head[gh.NATIVE] == 0 or _ggml_test(head[gh.IS_HOST], buffer) == 0:
-        if head[gh.DEVICE] != 0 and _launched(head, t, site, n, at, buffer):
+        err = launched(head, t, component, n, at, buffer) if head[gh.DEVICE] != 0 else -1
+        if err >= 0:
+            if err > 0:
+                _fail(head, gh.LAUNCH_FAILED, site, err)
             return
         queue = carray(_i64(head[gh.QUEUE]), (head[gh.N_SITES], 3))
         i = head[gh.N_QUEUED]
@@ -202,56 +205,6 @@ def _perturb(head, t, site):
     columns = carray(_u8(head[gh.COLUMNS_K + component]), row if head[gh.COLUMNS_K + component] != 0 else 0)
     outside = carray(_f64(head[gh.OUTSIDE_SUMS]), (2, N_SUMS))[component]
     _change(x, row, at, seg_key, seg_start, seg_rows, law, mask, columns, sums, outside)
-
-
-# The name of the first CUDA device's buffers: numba's context holds that device (device.first_cuda_buffer).
-_CUDA0 = np.frombuffer(b"CUDA0", np.uint8)
-
-
-@njit(cache=True)
-def _launched(head, t, site, n, at, buffer):
-    """Launch the device kernel on a claimed K or V of ``n`` values in the first CUDA device's
-    memory, as device.DeviceChange.change does from Python (the header's DEVICE table); False
-    where the claim goes to Python instead."""
-    dev = carray(_i64(head[gh.DEVICE]), gh.DEVICE_SLOTS)
-    component = site & 1
-    if dev[gh.D_SLOTS_K + component] == 0:
-        return False
-    name = _buffer_name(head[gh.BUFFER_NAME], buffer)
-    if name == 0:
-        return False
-    name_bytes = carray(_u8(name), len(_CUDA0))
-    for i in range(len(_CUDA0)):
-        if name_bytes[i] != _CUDA0[i]:
-            return False
-    x, at_slot = dev[gh.D_X], dev[gh.D_AT]
-    slots = carray(_i64(dev[gh.D_SLOTS_K + component]), max(x + device_launch.ARRAY_SLOTS, at_slot + 1))
-    slots[x + device_launch.SIZE] = n
-    slots[x + device_launch.DATA] = carray(_i64(t + _DATA), 1)[0]
-    slots[x + device_launch.SHAPE] = n
-    slots[at_slot] = at
-    span, threads = dev[gh.D_SPAN], dev[gh.D_THREADS]
-    blocks = max(1, min(1024, (n // span + threads - 1) // threads))
-    err = _launch(dev[gh.D_LAUNCH], dev[gh.D_FUNCTION], blocks, threads, dev[gh.D_STREAM], dev[gh.D_POINTERS_K + component])
-    if err != 0:
-        _fail(head, gh.LAUNCH_FAILED, site, err)
-        return True
-    counts = carray(_i64(dev[gh.D_COUNTS]), (2, 2))
-    counts[component, 0] += n
-    counts[component, 1] += 1
-    dev[gh.D_PENDING] = 1
-    return True
-
-
-@njit(cache=True)
-def _wait(head, site):
-    """Wait for the kernels launched at this claim: llama.cpp reads the values once the callback returns."""
-    dev = carray(_i64(head[gh.DEVICE]), gh.DEVICE_SLOTS)
-    if dev[gh.D_PENDING] != 0:
-        dev[gh.D_PENDING] = 0
-        err = _synchronize(dev[gh.D_SYNCHRONIZE], dev[gh.D_STREAM])
-        if err != 0:
-            _fail(head, gh.SYNCHRONIZE_FAILED, site, err)
 
 
 @njit(cache=True)

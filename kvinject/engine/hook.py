@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import re
 from dataclasses import replace
-from functools import cache
 from typing import Callable
 
 import numpy as np
@@ -43,11 +42,10 @@ from .queries import Queries
 from .realized import Realized, RealizedStats, Staging, Workspace
 from .sites import Placed, locate
 from .target import Target
-from .variates import Block, DecodeNoise, Draws, Variates
+from .variates import DecodeNoise, Draws, Variates
 
 # The Python side of changes the compiled callback hands back: how many (tensor, site, at) it queued.
 _APPLY = ctypes.CFUNCTYPE(None, ctypes.c_int64)
-_BUFFER_TEST = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p)  # ggml_backend_buffer_is_host's signature
 _TAGGED_K = re.compile(rb"Kcur_[a-z_]{0,9}-(\d+)")  # what the compiled callback's _site takes for K before RoPE
 LEARN_CAPACITY = 1 << 17  # graph nodes recorded while learning (llama.cpp's graphs hold a few thousand)
 
@@ -192,7 +190,8 @@ class KVHook:
             self.queries.layout(int(head[gh.ROWS]))
         if self.writes is None and self.error.random:  # a cache-resident model draws its own
             self._noise = noise = DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments])
-        self._lay_out_device()
+        if self._device is not None:  # before the claims launch kernels
+            self._device.lay_out_decode(self._noise, mask, int(head[gh.ROWS]))
         if self.writes is not None or not head[gh.NATIVE]:
             head[gh.N_SEG] = 0
             return
@@ -324,7 +323,7 @@ class KVHook:
         """A (rows, row) float32 view of host memory, or the (rows, row) shape of device
         memory (the compiled callback has checked that it is contiguous f32 rows)."""
         n, row = ggml.numel(t), self.row[component]
-        if not _buffer_test(int(self._head[gh.IS_HOST]))(t.buffer):  # as the compiled callback asks
+        if not ggml.buffer_test(int(self._head[gh.IS_HOST]))(t.buffer):  # as the compiled callback asks
             return (n // row, row)
         # The scheduler reuses its graph nodes and compute buffers, so the same key recurs.
         x = np.frombuffer((ctypes.c_float * n).from_address(t.data), dtype=np.float32).reshape(-1, row)
@@ -340,27 +339,12 @@ class KVHook:
             law = self.entry.device_law
             if law is not None and device.usable():
                 self._device = DeviceChange(law, self._columns, self.row)
-                self._lay_out_device()
+                self._device.lay_out_decode(self._noise, self._mask, int(self._head[gh.ROWS]))
                 if self._device.claims is not None:
                     self._head[gh.DEVICE] = self._device.claims.table.ctypes.data
         if self._device is None or not self._device.span_fits(row) or not device.first_cuda_buffer(int(self._head[gh.BUFFER_NAME]), t.buffer):
             return None
         return self._device
-
-    def _lay_out_device(self) -> None:
-        """This decode's segments, row mask and bit flips on the device, before the claims launch kernels."""
-        if self._device is None:
-            return
-        noise, flips = self._noise, None
-        if noise is not None and all(isinstance(block, Block) for block, _ in noise.blocks):
-            runs = [(block.variates.key, block.start, rows) for block, rows in noise.blocks]
-        elif noise is not None and self._device.flips:  # drawn masks: each segment's from its first value on
-            flips = np.concatenate([block for block, _ in noise.blocks]) if len(noise.blocks) > 1 else noise.blocks[0][0]
-            starts = np.cumsum([0, *(len(block) for block, _ in noise.blocks[:-1])])
-            runs = [(0, int(start), rows) for start, (_, rows) in zip(starts, noise.blocks)]
-        else:  # no factors: one run of every row
-            runs = [(0, 0, int(self._head[gh.ROWS]))]
-        self._device.layout(runs, self._mask, flips)
 
     def _kept(self, component: str) -> np.ndarray | None:
         """The (rows, row) values of this decode's ``component`` that keep their values: the
@@ -510,9 +494,3 @@ class KVHook:
 def _site(component: str, layer: int) -> int:
     """A K or V's row in the compiled callback's tables."""
     return 2 * layer + (component == "v")
-
-
-@cache
-def _buffer_test(address: int):
-    """The header's ``bool f(ggml_backend_buffer_t)`` at ``address``, callable from Python."""
-    return _BUFFER_TEST(address)

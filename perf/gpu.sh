@@ -9,6 +9,7 @@
 #   - perplexity, kvinject against llama-perplexity (same build, same model and text)
 #   - where the hook's time goes (graph splits, CUDA graphs, the Python side)
 #   - generation, kvinject against llama-batched-bench, 8 sequences, and 4096-token prompts
+#   - kvinject's time between a generation's decodes, 8 sequences, with its breakdown
 # The model is SmolLM2-135M's shape and tensor types with random weights and its tokenizer
 # (tests/tiny_model.py): the real file is 98 MB, more than travels with the payload, and speed
 # does not depend on the weights' values.
@@ -95,6 +96,8 @@ timeout 40 $py -m cProfile -s cumtime perf/hook_overhead.py --sequences 8 --step
 head -45 "$work/profile.log"
 step "generation: kvinject against llama-batched-bench"
 timeout 75 $py perf/generation_speed.py --tools "$tools" --forms fixed --parallel 8 --prompts 32 --repeats 2 2>&1 | tee "$work/generation.log" | tail -8
+step "generation: kvinject's time between decodes (the batch, the logits, the picks, refilling), 8 sequences"
+timeout 40 $py perf/generation_loop.py --repeats 5 2>&1 | tee "$work/generation-loop.log" | tail -15
 step "long-prompt generation: 4096-token prompts, 1 and 8 sequences, against llama-batched-bench"
 for n in 1 8; do timeout 45 $py perf/long_prefill.py --tools "$tools" --length 4096 --steps 32 --sequences $n --repeats 2 2>&1 | tail -8; done | tee "$work/long.log"
 step "perplexity: kvinject against llama-perplexity"

@@ -12,8 +12,8 @@
 #               SmolLM2-135M at 1/8/64 sequences, the 1B and 8B shapes at 1 and 8, with the kernels
 #               launched from the compiled callback; again with the launches replaced by nothing
 #               (the claims and their waits alone); llama-batched-bench on the 8B shape
-#   throughput  generation against llama-batched-bench (8 sequences), perplexity against
-#               llama-perplexity (same build, same model and text)
+#   throughput  generation against llama-batched-bench (8 sequences) and kvinject's time between its
+#               decodes; perplexity against llama-perplexity (same build, same model and text)
 #
 #   bash perf/gpu.sh [OUT] [PART ...]     (OUT: where the log goes, default ./gpu-out; PARTs default to all)
 # A later command on the same warm machine runs the remaining parts with what the first left in
@@ -107,6 +107,8 @@ fi
 if wants throughput; then
     step "generation: kvinject against llama-batched-bench"
     timeout 100 $py perf/generation_speed.py --tools "$tools" --forms fixed --parallel 8 --prompts 32 --repeats 2 2>&1 | tail -8
+    step "generation: kvinject's time between decodes (the batch, the logits, the picks, refilling), 8 sequences"
+    timeout 40 $py perf/generation_loop.py --repeats 5 2>&1 | tail -15
     step "perplexity: kvinject against llama-perplexity"
     timeout 80 $py perf/perplexity_speed.py --tools "$tools" --ctx 512 --chunks 16 --repeats 3 2>&1 | tail -14
 fi

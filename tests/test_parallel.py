@@ -117,6 +117,55 @@ def test_a_stream_per_sequence_gives_sequential_logits_bit_for_bit(tiny_q4):
         assert np.array_equal(par, seq)
 
 
+def test_greedy_generation_picks_what_a_token_by_token_loop_picks(tiny_q4):
+    """generate_all's greedy tokens, three sequences at a time refilled as they stop, against a
+    plain loop over one sequence's context: each prompt decoded, then each decode's argmax fed
+    back, one token at a time, to the same stop (with a stream of cells per sequence, the same
+    logits)."""
+    cache = CacheOptions("f16", "f16", "off")
+    prompts = [tiny_q4.tokenize(t) for t in TEXTS * 2]
+
+    def stop(tokens):
+        return tokens[-1] % 5 == 0
+
+    def alone(prompt):
+        with Context(tiny_q4, cache, n_ctx=128) as ctx:
+            ctx.prefill(prompt)
+            logits, out = ctx.logits(-1), []
+            while True:
+                token = int(np.argmax(logits))
+                if tiny_q4.is_eog(token):
+                    return out
+                out.append(token)
+                if stop(out) or len(out) == 16:
+                    return out
+                ctx.decode([(token, len(prompt) + len(out) - 1, 0, True)])
+                logits = ctx.logits(0)
+
+    expected = [alone(p) for p in prompts]
+    assert len({len(o) for o in expected}) > 1, "the test needs outputs of different lengths"
+    with Context(tiny_q4, cache, n_seq=3, n_ctx=3 * 128, streams=True) as ctx:
+        out = dict(generate_all(ctx, prompts, 16, stop=stop))
+    assert [out[i].tokens for i in range(len(prompts))] == expected
+
+
+def test_sampled_generation_draws_the_same_tokens_sequentially_and_in_parallel(tiny_q4):
+    """With a temperature each item samples from its own generator, seeded by (seed, run, item)
+    whichever sequence it runs on: the same tokens three at a time as one at a time, others with
+    another seed."""
+    cache = CacheOptions("f16", "f16", "off")
+    prompts = [tiny_q4.tokenize(t) for t in TEXTS]
+
+    def sample(n_seq, seed=0):
+        with Context(tiny_q4, cache, n_seq=n_seq, n_ctx=n_seq * 128, seed=seed, streams=True) as ctx:
+            out = dict(generate_all(ctx, prompts, 12, temperature=0.8, items=range(len(prompts)), ignore_eos=True))
+        return [out[i].tokens for i in range(len(prompts))]
+
+    alone = sample(1)
+    assert sample(3) == alone
+    assert sample(3, seed=1) != alone
+
+
 def test_a_cache_resident_model_and_shared_cells_need_one_pool(tiny):
     with pytest.raises(InjectionError, match="cannot run with a stream per sequence"):
         Context(tiny, error=parse_error("evict:window,0.5"), n_seq=2, n_ctx=128, streams=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from math import isfinite
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
@@ -57,11 +58,10 @@ class _Slot:
     rows: list[np.ndarray] | None = None  # every pick's logits, kept when asked for
     start: float = field(default_factory=time.perf_counter)
     stopped: str = ""
+    length: int = field(init=False)  # tokens of the sequence: prompt, prefix and generated
 
-    @property
-    def length(self) -> int:
-        """Tokens of the sequence: prompt, prefix and generated."""
-        return len(self.prompt) + len(self.out) - self.prefix
+    def __post_init__(self) -> None:
+        self.length = len(self.prompt) + len(self.out) - self.prefix
 
 
 def generate_all(
@@ -104,6 +104,8 @@ def generate_all(
     queue = deque(range(len(prompts)))
     free = list(reversed(range(ctx.n_seq)))
     active: list[_Slot] = []
+    feeding: deque[_Slot] = deque()  # the active slots with prompt tokens still to decode, in the order they came
+    steps: list[tuple[list[_Slot], list[tuple[_Slot, int]]]] | None = None  # a generation step's decodes, until a slot comes or goes
     while queue or active:
         while queue and free:
             index, seq = queue.popleft(), free.pop()
@@ -122,21 +124,27 @@ def generate_all(
                 yield index, _generation(ctx, slot)
                 continue
             active.append(slot)
+            steps = None
+            if slot.fed < len(slot.prompt):
+                feeding.append(slot)
         # A prompt piece is decoded alone, as when its item runs by itself; generated tokens of
         # all sequences share a decode (each row is computed independently of the others).
-        slot = next((s for s in active if s.fed < len(s.prompt)), None)
-        if slot is not None:
+        if feeding:
+            slot = feeding[0]
             cut = ctx.break_in(slot.seq, slot.fed, slot.fed + ctx.n_batch)  # a span's end a cache-resident model acts at
             piece = slot.prompt[slot.fed : cut or slot.fed + ctx.n_batch]
             entries = [(t, slot.fed + j, slot.seq, cut is not None and j == len(piece) - 1) for j, t in enumerate(piece)]
             slot.fed += len(piece)
             asks: list[tuple[_Slot, int]] = []
             if slot.fed == len(slot.prompt):
+                feeding.popleft()
                 entries[-1] = (*entries[-1][:3], True)
                 asks = [(slot, len(entries) - 1)]
             decodes = [(entries, asks)]
         else:
-            decodes = [([(s.out[-1], s.length - 1, s.seq, True) for s in step], list(zip(step, range(len(step))))) for step in _steps(active, ctx.streams)]
+            if steps is None:
+                steps = [(run, [(s, i) for i, s in enumerate(run)]) for run in _steps(active, ctx.streams)]
+            decodes = [([(s.out[-1], s.length - 1, s.seq, True) for s in run], asks) for run, asks in steps]
         for entries, asks in decodes:
             try:
                 ctx.decode(entries)
@@ -146,14 +154,19 @@ def generate_all(
                 slot = next(s for s in active if s.seq == entries[0][2])
                 slot.stopped = f"raised: {e}"
                 active.remove(slot)
+                steps = None
+                if feeding and feeding[0] is slot:
+                    feeding.popleft()
                 free.append(slot.seq)
                 yield slot.index, _generation(ctx, slot)  # its cells go when the sequence takes the next prompt
                 continue
-            rows, picks = _picks(ctx, len(entries), temperature) if len(asks) == len(entries) > 1 else (None, None)
+            # When every entry asked (a step, or a prompt piece of one token), the greedy picks of all rows at once.
+            rows, picks = _picks(ctx, len(entries), temperature) if len(asks) == len(entries) else (None, None)
             for slot, i in asks:
                 logits, token = (rows[i], picks[i]) if rows is not None else (ctx.logits(i), None)
                 if _step(ctx, slot, logits, max_tokens, temperature, stop, ignore_eos, deadline, token):
                     active.remove(slot)
+                    steps = None
                     free.append(slot.seq)
                     yield slot.index, _generation(ctx, slot)
 
@@ -175,16 +188,20 @@ def _steps(active: list[_Slot], streams: bool) -> list[list[_Slot]]:
 
 def _picks(ctx: Context, n: int, temperature: float) -> tuple[np.ndarray, list[int | None]]:
     """The logits of a decode whose ``n`` entries all asked for them, and the greedy pick of each
-    row whose logits are all finite (None: picked by :func:`_step`), computed for the rows at
-    once: a step of 8 sequences spent 0.30 ms between decodes row by row, 0.23 so (the tiny test
-    model on 2 CPU cores), which counts on a GPU, whose decode of 8 sequences takes 0.3 ms."""
+    row whose logits are all finite (None: picked by :func:`_step`). A row at a time: its argmax
+    reads it from memory, and its argmin, which lands on a NaN or -Inf as the argmax lands on a
+    NaN or +Inf, from the cache, where a second scan of the whole block read it from memory again
+    (8 rows of SmolLM2's 49,152 logits are 1.5 MB). Right after a CPU decode of 8 such rows:
+    187 µs, against 303 over the whole block and 129 for the argmax alone, which is what reading
+    them costs (2026-11-28, from a985bf3, 2-vCPU Xeon @ 2.50GHz VM)."""
     rows = ctx.output_logits(n)
     if temperature > 0:
         return rows, [None] * n
-    tokens = rows.argmax(axis=1)
-    # argmax lands on a NaN or +Inf where a row has one; -Inf shows in the minimum
-    finite = np.isfinite(rows[np.arange(n), tokens]) & np.isfinite(rows.min(axis=1))
-    return rows, [t if ok else None for t, ok in zip(tokens.tolist(), finite.tolist())]
+    picks: list[int | None] = []
+    for row in rows:
+        token = row.argmax()
+        picks.append(int(token) if isfinite(row.item(token)) and isfinite(row.item(row.argmin())) else None)
+    return rows, picks
 
 
 def _generation(ctx: Context, slot: _Slot) -> Generation:
@@ -209,9 +226,10 @@ def _step(
             slot.nonfinite += 1
             logits = np.nan_to_num(logits, nan=-np.inf)
         token = ctx.pick(logits, temperature, slot.seq)
-    if ctx.model.is_eog(token) and not ignore_eos:
+    if not ignore_eos and ctx.model.is_eog(token):
         return True
     slot.out.append(token)
+    slot.length += 1
     if (stop is not None and stop(slot.out)) or slot.length >= ctx.n_ctx_seq or len(slot.out) >= max_tokens:
         return True
     if deadline is not None and time.perf_counter() - slot.start > deadline:

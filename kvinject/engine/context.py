@@ -13,6 +13,7 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from ..exceptions import InjectionError, ModelError, SpecError
+from .batch import Batch
 from .bits import cache_bits
 from .cache_writes import Writes
 from .ggml import CACHE_TYPES
@@ -47,6 +48,11 @@ def _rotation(enabled: bool) -> Iterator[None]:
         else:
             os.environ["LLAMA_ATTN_ROT_DISABLE"] = old
 
+
+# llama_get_logits and llama_get_logits_ith giving the address as an int, which their own bindings
+# wrap in a POINTER(c_float) to be cast again.
+_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(ctypes.cast(ll.llama_get_logits, ctypes.c_void_p).value)
+_logits_ith_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(ctypes.cast(ll.llama_get_logits_ith, ctypes.c_void_p).value)
 
 _KV_SIZE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB .*K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
 
@@ -127,7 +133,9 @@ class Context:
         self.n_seq = n_seq
         self.n_ctx_seq = n_ctx // n_seq
         self._noise: dict[int, Draws | Variates | None] = {}
-        self._sampling: dict[int, np.random.Generator] = {}
+        # Per sequence, its sampling generator, or until it first samples the seed it is made from:
+        # greedy generation never draws, and making one took 20 µs a prompt.
+        self._sampling: dict[int, np.random.Generator | list[int]] = {}
         self._spans: dict[int, Spans] = {}  # the spans --positions may name, per sequence
         self._lengths: dict[int, int] = {}  # tokens decoded per sequence, for bits per element
         self._finished: list[int] = []  # and of the sequences forgotten
@@ -155,7 +163,8 @@ class Context:
             tail = "".join(self.creation_log[-5:]).strip()
             raise ModelError(f"llama.cpp could not create a context with {self.cache.label}, n_ctx={n_ctx}: {tail}")
         self.n_vocab = model.n_vocab
-        self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq)
+        self._batch = Batch(self.n_batch)
+        self._outputs: dict[int, tuple[int, np.ndarray]] = {}  # output_logits' view of n rows, with the address it is at
         self.resident = None
         if (resident := self.error.resident) is not None:
             memory = ll.llama_get_memory(self._ptr)
@@ -184,7 +193,7 @@ class Context:
     def _seed(self, seq: int, key: list[int], tokens: int | None = None, generated: int = 0) -> None:
         if self.hook is not None:
             self._noise[seq] = self.hook.stream(np.random.default_rng(key), tokens, generated)
-        self._sampling[seq] = np.random.default_rng([*key, 1])
+        self._sampling[seq] = [*key, 1]
 
     def begin_item(self, item: int, seq: int = 0, tokens: int | None = None, generated: int = 0) -> None:
         """Start benchmark item ``item`` on sequence ``seq``: an empty cache for it, and noise
@@ -290,7 +299,7 @@ class Context:
 
     def close(self) -> None:
         if self._ptr:
-            ll.llama_batch_free(self._batch)
+            self._outputs.clear()
             ll.llama_free(self._ptr)
             self._ptr = None
 
@@ -331,15 +340,8 @@ class Context:
             self.resident.clear()
 
     def _llama_decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:
-        batch = self._batch
-        for i, (token, pos, seq, logits) in enumerate(entries):
-            batch.token[i] = token
-            batch.pos[i] = pos
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq
-            batch.logits[i] = logits
-        batch.n_tokens = len(entries)
-        status = ll.llama_decode(self._ptr, batch)
+        self._batch.fill(entries)
+        status = ll.llama_decode(self._ptr, self._batch.struct)
         if status != 0:
             if self.hook is not None:
                 self.hook.abort_decode()
@@ -355,8 +357,10 @@ class Context:
         if self.residual is not None:
             self.residual.layout(np.array([e[3] for e in entries], bool))
         self._llama_decode(entries)
+        lengths = self._lengths
         for _, pos, seq, _ in entries:
-            self._lengths[seq] = max(self._lengths.get(seq, 0), pos + 1)
+            if pos >= lengths.get(seq, 0):
+                lengths[seq] = pos + 1
         if self.hook is not None:
             writes = self.hook.finish_decode()
             if self.resident is not None:  # after the decode, as KIVI quantizes after each step's attention
@@ -395,15 +399,23 @@ class Context:
 
     def logits(self, i: int) -> np.ndarray:
         """The logits of the i-th batch entry of the last decode (-1: the last with logits)."""
-        ptr = ll.llama_get_logits_ith(self._ptr, i)
-        if not ptr:
+        address = _logits_ith_address(self._ptr, i)
+        if not address:
             raise InjectionError(f"no logits for batch entry {i}")
-        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+        return np.frombuffer((ctypes.c_float * self.n_vocab).from_address(address), np.float32)
 
     def output_logits(self, n: int) -> np.ndarray:
-        """The logits of all ``n`` entries of the last decode that asked for them, in batch order."""
-        ptr = ll.llama_get_logits(self._ptr)
-        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n, self.n_vocab))
+        """The logits of all ``n`` entries of the last decode that asked for them, in batch order:
+        a view of llama.cpp's buffer, made again only where the buffer moved (after a decode on
+        the CPU, np.ctypeslib.as_array took about 50 µs to make one)."""
+        address = _logits_address(self._ptr)
+        if not address:
+            raise InjectionError("no logits: nothing decoded yet")
+        at, view = self._outputs.get(n, (None, None))
+        if at != address:
+            view = np.frombuffer((ctypes.c_float * (n * self.n_vocab)).from_address(address), np.float32).reshape(n, self.n_vocab)
+            self._outputs[n] = address, view
+        return view
 
     def prefill(self, tokens: Sequence[int], seq: int = 0, pos: int = 0) -> None:
         """Decode a prompt in n_batch pieces, with logits for its last token only."""
@@ -417,4 +429,7 @@ class Context:
             return int(np.argmax(logits))
         z = logits.astype(np.float64) / temperature
         p = np.exp(z - z.max())
-        return int(self._sampling[seq].choice(len(p), p=p / p.sum()))
+        rng = self._sampling[seq]
+        if isinstance(rng, list):
+            rng = self._sampling[seq] = np.random.default_rng(rng)
+        return int(rng.choice(len(p), p=p / p.sum()))

@@ -141,6 +141,9 @@ class Model:
             detail = log_tail()
             raise ModelError(f"llama.cpp could not load {self.path} (is it a GGUF file?){': ' + detail if detail else ''}")
         self.vocab = ll.llama_model_get_vocab(self._ptr)
+        # Per token, as generation asks for them: a dict lookup where each was a call into llama.cpp.
+        self._eog: dict[int, bool] = {}
+        self._pieces: dict[int, bytes] = {}
 
     @property
     def n_gpu_layers(self) -> int:
@@ -271,7 +274,10 @@ class Model:
         return bool(ll.llama_vocab_get_add_bos(self.vocab))
 
     def is_eog(self, token: int) -> bool:
-        return ll.llama_vocab_is_eog(self.vocab, token)
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(ll.llama_vocab_is_eog(self.vocab, token))
+        return eog
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode()
@@ -293,7 +299,11 @@ class Model:
         return buf.raw[:n]
 
     def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+        pieces = self._pieces
+        for t in tokens:
+            if t not in pieces:
+                pieces[t] = self.piece(t)
+        return b"".join([pieces[t] for t in tokens]).decode("utf-8", "replace")
 
     @property
     def has_chat_template(self) -> bool:

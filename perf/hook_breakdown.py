@@ -103,6 +103,7 @@ def workload_times(model: Model, errors: dict, n_seq: int, prefill: bool, steps:
                 python.seconds = 0.0
                 start = time.perf_counter()
                 ctx.decode(entries)
+                ctx.synchronize()
                 times[name].append(time.perf_counter() - start)
                 if name == list(errors)[-1]:
                     python_seconds += python.seconds

@@ -76,6 +76,9 @@ class Bare:
         if ll.llama_decode(self._ptr, self._batch) != 0:
             raise RuntimeError("llama_decode failed")
 
+    def synchronize(self) -> None:
+        ll.llama_synchronize(self._ptr)
+
     def close(self) -> None:
         ll.llama_batch_free(self._batch)
         ll.llama_free(self._ptr)
@@ -101,12 +104,14 @@ def repeat(contexts: dict, tokens: list[int], steps: int, sequences: int) -> tup
             for spec, ctx in turns(contexts, start // N_BATCH):
                 t0 = time.perf_counter()
                 ctx.decode(entries)
+                ctx.synchronize()
                 prefill[spec] += time.perf_counter() - t0
     for i in range(steps):
         entries = [(tokens[i], len(tokens) + i, seq, True) for seq in range(sequences)]
         for spec, ctx in turns(contexts, i):
             t0 = time.perf_counter()
             ctx.decode(entries)
+            ctx.synchronize()
             decode[spec] += time.perf_counter() - t0
     return prefill, decode
 

@@ -347,6 +347,11 @@ class Context:
                 self.hook.abort_decode()
             raise InjectionError(f"llama_decode failed with status {status} (KV cache full? raise --ctx)")
 
+    def synchronize(self) -> None:
+        """Wait until the device has computed the decodes queued: on a GPU llama_decode returns
+        before it has (reading logits waits too), so a timing of decodes alone must wait here."""
+        ll.llama_synchronize(self._ptr)
+
     def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:
         """Decode (token, position, sequence, want_logits) entries, at most n_batch of them;
         keep each sequence's entries together so its rows draw their noise as one run."""

@@ -60,7 +60,8 @@ class KVHook:
     by :meth:`layout` and be followed by :meth:`finish_decode`. The context passes
     ``callback`` and ``user_data`` to llama.cpp; the callback is compiled
     (:mod:`kvinject.engine.graph_callback`) and calls back into Python only for what it does not
-    do itself (error models other than multiplicative ones, device memory).
+    do itself (error models other than multiplicative ones on the host; in device memory, the
+    first claim, which sets up the kernel the callback launches from then on).
     """
 
     def __init__(self, error: ErrorModel, target: Target, n_layer: int, row_k: int, row_v: int, n_head_kv: int):

@@ -3,7 +3,7 @@
 llama.cpp calls Python from C: its log callback, the hook's Python side. A KeyboardInterrupt
 raised there cannot cross into C: ctypes prints "Exception ignored on calling ctypes callback"
 and drops the log callback's, and the hook could only report its own after the decode. The
-user then pressed Ctrl-C again (a sweep's Ctrl-C test lost one this way, session 8). With
+user then pressed Ctrl-C again (a sweep's Ctrl-C test lost one this way). With
 `install()`, an interrupt that lands inside a callback is put off until the callback has
 returned, and surfaces in the Python code that called into llama.cpp.
 

@@ -14,7 +14,7 @@ Ratios, one per repeat: the clean run's time over the configuration's (below 1: 
 costs). With llama-batched-bench found (--tools, $LLAMA_TOOLS or PATH), it runs that row
 before the first repeat and after each, and kvinject's clean run is compared with the mean of
 the two runs around it: this machine's speed drifts by 10% within minutes, and kvinject's
-contexts taking turns run twice as long as batched-bench (docs/performance.md, session 28).
+contexts taking turns run twice as long as batched-bench (docs/performance.md, "Long-prompt generation").
 `--errors` with no spec runs the clean context alone, one context at a time as batched-bench does.
 `--bare` adds a context of llama-cpp-python's own, made with the same parameters and decoded
 without kvinject: what kvinject's code adds over the library it drives.

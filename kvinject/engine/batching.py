@@ -193,7 +193,7 @@ def _picks(ctx: Context, n: int, temperature: float) -> tuple[np.ndarray, list[i
     NaN or +Inf, from the cache, where a second scan of the whole block read it from memory again
     (8 rows of SmolLM2's 49,152 logits are 1.5 MB). Right after a CPU decode of 8 such rows:
     187 µs, against 303 over the whole block and 129 for the argmax alone, which is what reading
-    them costs (2026-11-28, from a985bf3, 2-vCPU Xeon @ 2.50GHz VM)."""
+    them costs (2026-11-28, 4b2638e, 2-vCPU Xeon @ 2.50GHz VM)."""
     rows = ctx.output_logits(n)
     if temperature > 0:
         return rows, [None] * n

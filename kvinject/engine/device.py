@@ -23,13 +23,12 @@ first use: a CPU-only run never loads it.
 
 from __future__ import annotations
 
-import ctypes
 import os
 from functools import cache
 
 import numpy as np
 
-from . import device_launch, laws
+from . import device_launch, ggml, laws
 from . import graph_header as gh
 from .graph_callback import N_SUMS
 from .variates import Block, DecodeNoise
@@ -48,19 +47,10 @@ def usable() -> bool:
     return bool(cuda.is_available())
 
 
-# const char * ggml_backend_buffer_name(ggml_backend_buffer_t), called through the header's address.
-_BUFFER_NAME = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)
-
-
-@cache
-def _buffer_name(address: int):
-    return _BUFFER_NAME(address)
-
-
 def first_cuda_buffer(buffer_name: int, buffer: int) -> bool:
     """Whether a ggml buffer is memory of the first CUDA device, the one numba's context holds
     (``buffer_name``: the address of ggml_backend_buffer_name, as the compiled callback asks it)."""
-    name = _buffer_name(buffer_name)(buffer)
+    name = ggml.buffer_name(buffer_name)(buffer)
     return name is not None and name.startswith(b"CUDA0")
 
 

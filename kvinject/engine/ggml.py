@@ -151,11 +151,19 @@ def devices() -> list[dict[str, object]]:
     return out
 
 
-# bool f(ggml_backend_buffer_t), as ggml_backend_buffer_is_host: the hook's header holds such functions by address.
+# The hook's header holds ggml's functions of a buffer by address (IS_HOST, BUFFER_NAME): callable
+# from Python with the signatures of ggml_backend_buffer_is_host and ggml_backend_buffer_name.
 _BUFFER_TEST = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p)
+_BUFFER_NAME = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)
 
 
 @cache
 def buffer_test(address: int):
-    """The ``bool f(ggml_backend_buffer_t)`` at ``address``, callable from Python."""
+    """The ``bool f(ggml_backend_buffer_t)`` at ``address``."""
     return _BUFFER_TEST(address)
+
+
+@cache
+def buffer_name(address: int):
+    """The ``const char * f(ggml_backend_buffer_t)`` at ``address``."""
+    return _BUFFER_NAME(address)

@@ -10,13 +10,20 @@ returned, and surfaces in the Python code that called into llama.cpp.
 SIGTERM, what a scheduler (SLURM at a time limit) and `timeout` send, stops a command the same
 way, as :class:`Terminated`: what is finished is kept, and the command exits with 143 as a
 process the signal ended would, so that the scheduler records it.
+
+A library may swallow a stop (lm-eval builds its tasks with `datasets`, whose fingerprinting
+catches everything around a dill pickle): the command then ran on to its end and exited 0. A
+stop that neither ends the process nor reaches code that says it was caught (`caught`,
+`exit_code`) within a second is sent again.
 """
 
 from __future__ import annotations
 
 import _thread
 import signal
+import sys
 import threading
+import time
 from types import CodeType, FrameType
 from typing import Callable, TypeVar
 
@@ -29,7 +36,27 @@ class Terminated(KeyboardInterrupt):
 
 def exit_code(stop: KeyboardInterrupt) -> int:
     """A stopped command's exit status: 128 + the signal's number, as the shell reports it."""
+    caught(stop)
     return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+
+
+def stopped(stop: KeyboardInterrupt) -> str:
+    """How a stop is named: a Ctrl-C interrupts, a scheduler's SIGTERM stops."""
+    return "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
+
+
+def caught(stop: KeyboardInterrupt) -> None:
+    """Say that `stop` reached the code that ends the command (keeping its work may take a while,
+    outside the `except` block): it was not swallowed, and is not sent again."""
+    global _raised
+    if stop is _raised:
+        _raised = None
+
+
+def uncaught(exit: BaseException) -> KeyboardInterrupt | None:
+    """The stop behind `exit` that no command caught: one that landed before a command ran, which
+    Typer turns into exit status 130 without a word, SIGTERM too."""
+    return _raised if _raised is not None and _holds(exit, _raised) else None
 
 
 _CALLBACKS: set[CodeType] = set()
@@ -40,6 +67,9 @@ _terminated = False  # a SIGTERM put off with a Ctrl-C: the stop raised is the S
 # a second Ctrl-C, or the scheduler's SIGTERM after it, would break that off with a traceback.
 # Further signals are ignored until the process ends; SIGKILL still ends it at once.
 _stopped = False
+_raised: KeyboardInterrupt | None = None  # the stop raised last, until it is caught
+_WATCH_S = 0.25  # how often a raised stop is looked for in the main thread
+_UNSEEN = 4  # looks that do not find it, one after the other, before it is taken as swallowed
 
 
 def callback(fn: F) -> F:
@@ -75,8 +105,42 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _resend is not None:  # this is the interrupt it would send: not a second one during the clean-up
         _resend.cancel()
         _resend = None
-    stop, _terminated, _stopped = (Terminated if _terminated else KeyboardInterrupt), False, True
+    stop, _terminated, _stopped = (Terminated if _terminated else KeyboardInterrupt)(), False, True
+    _watch(stop, signum)
     raise stop
+
+
+def _watch(stop: KeyboardInterrupt, signum: int) -> None:
+    global _raised
+    _raised = stop
+    threading.Thread(target=_follow, args=(stop, signum), daemon=True).start()
+
+
+def _follow(stop: KeyboardInterrupt, signum: int) -> None:
+    """Send the signal again if `stop` is no longer on its way (raised, or handled by an `except`,
+    `finally` or `with` block) and was not caught: unwinding between blocks takes microseconds."""
+    global _stopped
+    unseen = 0
+    while unseen < _UNSEEN:
+        time.sleep(_WATCH_S)
+        if _raised is not stop:
+            return
+        handled = sys._current_exceptions().get(threading.main_thread().ident)
+        handled = handled[1] if isinstance(handled, tuple) else handled  # Python 3.11: exc_info
+        unseen = 0 if handled is not None and _holds(handled, stop) else unseen + 1
+    _stopped = False
+    _send(signum)
+
+
+def _holds(exc: BaseException, stop: BaseException) -> bool:
+    """Whether `stop` is `exc` or what it was raised from or during."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if exc is stop:
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _send(signum: int) -> None:
@@ -89,10 +153,10 @@ def _send(signum: int) -> None:
 def install() -> None:
     """Defer Ctrl-C and SIGTERM out of callbacks, and let only the first stop a command; only over
     Python's default handlers, in the main thread."""
-    global _stopped
+    global _stopped, _raised
     if threading.current_thread() is not threading.main_thread():
         return
-    _stopped = False
+    _stopped, _raised = False, None
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_signal)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

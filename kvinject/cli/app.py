@@ -70,3 +70,9 @@ def main() -> None:
     except KvinjectError as e:
         Console(stderr=True, soft_wrap=True).print("[bold red]error:[/]", Text(str(e)), highlight=False)  # one line, however long
         sys.exit(2)
+    except (KeyboardInterrupt, SystemExit) as e:  # a stop before a command ran: Typer's own handling is silent, and 130 for SIGTERM too
+        stop = interrupts.uncaught(e)
+        if stop is None:
+            raise
+        Console(stderr=True).print(interrupts.stopped(stop), style="yellow", highlight=False)
+        sys.exit(interrupts.exit_code(stop))

@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..interrupts import Terminated, exit_code
+from ..interrupts import exit_code, stopped
 
 # Piped or redirected output has no width to fit: give the tables room rather than cut
 # their cells short (COLUMNS still decides where it is set); they are made to fit 100.
@@ -51,11 +51,6 @@ def progress_bars():
 
 def count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def stopped(stop: KeyboardInterrupt) -> str:
-    """How a stop is named: a Ctrl-C interrupts, a scheduler's SIGTERM stops."""
-    return "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
 
 
 def interrupted(stop: KeyboardInterrupt, store: Path, resume: str) -> typer.Exit:

@@ -13,11 +13,11 @@ from rich.console import Console
 from ..engine.target import Target
 from ..error_models.configuration import configurations
 from ..exceptions import KvinjectError
-from ..interrupts import exit_code
+from ..interrupts import caught, exit_code, stopped
 from ..jsonutil import dumps
 from .flags import ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, WideOpt, bench_flags, check_format, setup_flags
 from .outputs import check_writable
-from .render import console, print_table, progress_bars, stopped
+from .render import console, print_table, progress_bars
 
 
 @bench_flags
@@ -89,6 +89,7 @@ def run_command(
                         say(f"{time.strftime('%H:%M:%S')} {result.bench} {result.config.label} run {result.run}: {primary} {score:.4g}")
             except KeyboardInterrupt as e:
                 report.interrupted, stop = True, e
+                caught(e)  # the finished runs are written below, outside this block
         report.records = records(kept, m, benches, configs, runs, seed)
     data = report.to_dict()
     if output:

@@ -363,3 +363,11 @@ def test_the_lmeval_bench_passes_generation_settings_to_the_tasks(tiny, monkeypa
         return result.realized.k.values
 
     assert values(gen_kwargs="max_gen_toks=1") < values()
+
+
+@pytest.mark.parametrize("given", [["--model_args", "error=normal:0,0.25"], ["--model_args=model=smollm2,error=normal:0,0.25,seed=1"]])
+def test_a_spec_s_comma_in_model_args_says_how_to_quote_it(given):
+    """lm-eval's own message, "expected `key=value`, got '0.25'", did not say why."""
+    out = kvinject("lm-eval", "--model", "kvinject", *given, "--tasks", "kvinject_nextword")
+    said = "error: --model_args: '0.25' is no key=value: a comma separates model arguments, so a value that holds one is quoted: "
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [said + """'error="normal:0,0.25"' (in single quotes for the shell)"""], out.stderr

@@ -259,3 +259,10 @@ def test_report_names_a_file_that_is_not_a_run_s_output(tmp_path):
     assert out.returncode == 2 and "not a file written by kvinject run --output" in out.stderr and "Traceback" not in out.stderr
     out = kvinject("report", tmp_path / "missing.json")
     assert out.returncode == 2 and "no run output at" in out.stderr
+
+
+def test_csv_rounds_away_float_noise_and_keeps_what_was_measured():
+    """A configuration equal to its control showed "% control" 99.99999999999999."""
+    table = pd.DataFrame({"configuration": ["none", "same"], "score": [0.3, 0.1 + 0.2], "% control": [100.0, 100 * (0.1 + 0.2) / 0.3], "p": [math.nan, 1 / 3]})
+    text = render(table, "csv")
+    assert text.splitlines()[1:] == ["none,0.3,100,", "same,0.3,100,0.333333333333333"]

@@ -220,3 +220,41 @@ def test_without_slurms_commands_submitting_says_where_it_works(tiny_path, tmp_p
 def test_report_of_a_folder_without_stores_says_so(tmp_path):
     out = kvinject("report", tmp_path, env=os.environ, cwd=tmp_path)
     assert out.returncode == 2 and "holds no results stores" in out.stderr, out.stderr
+
+
+def _fake_slurm(folder: Path, squeue: str) -> dict:
+    """PATH with an sbatch that accepts (job 12, counted in sbatch.calls), an sacct without
+    accounting and an squeue that runs `squeue`'s shell body."""
+    folder.mkdir()
+    tools = {
+        "sbatch": f"echo x >> {folder}/sbatch.calls; echo 12",
+        "sacct": "echo 'sacct: error: Slurm accounting storage is disabled' >&2; exit 1",
+        "scontrol": "exit 1",
+        "squeue": squeue,
+    }
+    for name, body in tools.items():
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    return os.environ | {"PATH": f"{folder}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("flag", ["--status", "--resubmit"])
+def test_a_scheduler_that_cannot_answer_is_an_error_and_nothing_is_resubmitted(tiny_path, tmp_path, flag):
+    """squeue failing ("DNS SRV lookup failed") showed every task as ended, so --resubmit would
+    submit tasks that may still be running."""
+    grid = write_grid(tmp_path, tiny_path, runs=2, limit=3)
+    env = _fake_slurm(tmp_path / "bin", "echo 'squeue: error: DNS SRV lookup failed' >&2; exit 1")
+    assert kvinject("sweep", grid, "--slurm", "--tasks", "2", env=env, cwd=tmp_path).returncode == 0
+    out = kvinject("sweep", tmp_path / "grid.slurm", flag, env=env, cwd=tmp_path)
+    assert out.returncode == 2 and "cannot tell which tasks are queued or running (squeue failed: squeue: error: DNS SRV lookup failed)" in out.stderr, (
+        out.stderr
+    )
+    assert (tmp_path / "bin" / "sbatch.calls").read_text().count("x") == 1
+
+
+def test_jobs_the_controller_has_forgotten_are_ended(tiny_path, tmp_path):
+    grid = write_grid(tmp_path, tiny_path, runs=2, limit=3)
+    env = _fake_slurm(tmp_path / "bin", "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1")
+    assert kvinject("sweep", grid, "--slurm", "--tasks", "2", env=env, cwd=tmp_path).returncode == 0
+    out = kvinject("sweep", tmp_path / "grid.slurm", "--status", env=env, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.count("ended") == 2, out.stdout + out.stderr

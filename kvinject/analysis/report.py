@@ -333,8 +333,8 @@ def render(table: pd.DataFrame, fmt: str) -> str:
         table = mark_changed_nothing(table)
     if fmt == "markdown":  # an empty cell where nothing was measured (the control's p), not "nan"
         return table.astype(object).where(table.notna(), None).to_markdown(index=False, floatfmt=".4g", missingval="") + note
-    if fmt == "csv":
-        return table.to_csv(index=False)
+    if fmt == "csv":  # 15 significant digits: every decimal as typed, without float noise (99.99999999999999 for 100)
+        return table.to_csv(index=False, float_format="%.15g")
     if fmt == "json":
         return table.to_json(orient="records", indent=2)
     if fmt == "latex":

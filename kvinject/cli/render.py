@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -81,6 +82,11 @@ def run_sweep(sw) -> int:
             lambda message: progress.console.print(message, markup=False, highlight=False, soft_wrap=True),
             log,
         )
+
+
+def shell_words(*words: object) -> str:
+    """A command to paste into a shell: each path quoted where it needs it (spaces, non-ASCII)."""
+    return " ".join(shlex.quote(str(w)) for w in words)
 
 
 def stoppable(command: Callable) -> Callable:

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from ..exceptions import KvinjectError
 from .flags import ParallelOpt, VerboseOpt
-from .render import console, count, interrupted, run_sweep
+from .render import console, count, interrupted, run_sweep, shell_words
 
 SLURM = "SLURM (clusters)"
 
@@ -155,12 +155,17 @@ def sweep(
                 print(f"estimate: about {max(minutes, 1):.0f} min on 2 CPU cores, timed on the default model (docs/performance.md)")
             print(f"store: {store or default_store(grid, parsed_shard)}")
             return
-        resume = f"kvinject sweep {grid}" + (f" --shard {shard}" if shard else "") + (f" --store {store}" if store else "")
+        resume = shell_words("kvinject", "sweep", grid, *(["--shard", shard] if shard else []), *(["--store", store] if store else []))
         try:
             written = run_sweep(sw)
         except KeyboardInterrupt as stop:
             raise interrupted(stop, store_path, resume) from None
-    console.print(f"{written} runs written to {store_path}, nothing left to run; report with: kvinject report {store_path}", soft_wrap=True)
+    console.print(
+        f"{written} runs written to {store_path}, nothing left to run; report with: {shell_words('kvinject', 'report', store_path)}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _submit(grid: Path, folder: Path, options, dry_run: bool) -> None:
@@ -168,6 +173,7 @@ def _submit(grid: Path, folder: Path, options, dry_run: bool) -> None:
     from ..experiments.slurm import SlurmRun, plan_tasks
 
     planned = plan_tasks(grid, options)  # a bad grid fails here, not in every task
+    empty = [task for task, (cells, _) in enumerate(planned) if not cells]
     table = Table()
     for col in ("task", "cells", "runs", "estimate"):
         table.add_column(col, justify="right")
@@ -180,11 +186,20 @@ def _submit(grid: Path, folder: Path, options, dry_run: bool) -> None:
         print(f"longest task: about {max(longest, 1):.0f} min on 2 CPU cores, timed on the default model (docs/performance.md); nothing submitted")
         return
     run = SlurmRun.create(grid, folder, options)
-    job = run.submit(list(range(options.tasks)))
+    job = run.submit([task for task in range(options.tasks) if task not in empty])
     console.print(table)
+    if empty:  # groups go to tasks by a hash of each, so that adding a cell moves no other
+        groups = len({p.cell.group for cells, _ in planned for p in cells})
+        console.print(
+            f"{count(len(empty), 'task')} of {options.tasks} ({', '.join(map(str, empty))}) would have nothing to run and are not submitted: "
+            f"a task runs whole groups of cells (a model, bench and seed with its control), and this grid has {groups}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(
-        f"submitted job {job}: {count(options.tasks, 'task')}, stores and logs in {run.folder}\n"
-        f"follow with: kvinject sweep {folder} --status; report with: kvinject report {folder}",
+        f"submitted job {job}: {count(options.tasks - len(empty), 'task')}, stores and logs in {run.folder}\n"
+        f"follow with: {shell_words('kvinject', 'sweep', folder, '--status')}; report with: {shell_words('kvinject', 'report', folder)}",
         markup=False,
         highlight=False,
         soft_wrap=True,
@@ -222,4 +237,4 @@ def _follow(folder: Path, resubmit: bool) -> None:
     if left:
         console.print(f"{count(len(left), 'task')} unfinished; logs in {run.folder / 'logs'}", markup=False, highlight=False, soft_wrap=True)
     else:
-        console.print(f"every task is finished; report with: kvinject report {folder}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"every task is finished; report with: {shell_words('kvinject', 'report', folder)}", markup=False, highlight=False, soft_wrap=True)

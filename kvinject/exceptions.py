@@ -1,5 +1,7 @@
 """Exceptions that kvinject raises for problems a user can fix."""
 
+from collections.abc import Iterable
+
 
 class KvinjectError(Exception):
     """Base class: the CLI prints these as one clean message, without a traceback."""
@@ -7,6 +9,14 @@ class KvinjectError(Exception):
 
 class SpecError(KvinjectError, ValueError):
     """A malformed error-model spec, target, layer list or option value."""
+
+    def keyed(self, keys: Iterable[str], where: str) -> "SpecError":
+        """The same mistake where options are keys (a grid's [sweep], lm-eval's --model_args): the
+        flag of each key (``--flash-attn`` of ``flash_attn``) named as the key, after ``where``."""
+        message = str(self)
+        for key in sorted(keys, key=len, reverse=True):
+            message = message.replace("--" + key.replace("_", "-"), key)
+        return SpecError(f"{where}: {message}")
 
 
 class DataError(KvinjectError, ValueError):

@@ -285,3 +285,24 @@ def test_generate_says_when_an_error_reached_no_value(tiny_path):
     assert [r["changed_nothing"] for r in json.loads(out.stdout)["results"]] == [False, True]
     table = kvinject("generate", "Hi", "--error", "normal:0,1", "--positions", "100000-", "-n", "2", "--model", tiny_path)
     assert "changed no value that reached the cache" in table.stdout
+
+
+def _commands_with(option: str) -> list[tuple[str, list[str]]]:
+    """Each command that takes ``option``, with a placeholder for each argument it requires."""
+    import typer.main
+
+    from kvinject.cli.app import app
+
+    group = typer.main.get_command(app)
+    out = []
+    for name, command in group.commands.items():
+        if any(option in p.opts for p in command.params):
+            out.append((name, ["x" for p in command.params if p.param_type_name == "argument" and p.required]))
+    return out
+
+
+@pytest.mark.parametrize("name, arguments", _commands_with("--format"), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_command_refuses_a_format_it_does_not_write(name, arguments):
+    """`kvinject info --format bogus` printed the table."""
+    out = kvinject(name, *arguments, "--format", "bogus")
+    assert out.returncode == 2 and out.stderr.startswith("error: --format must be") and len(out.stderr.strip().splitlines()) == 1, out.stderr

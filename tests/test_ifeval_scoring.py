@@ -19,6 +19,7 @@ from kvinject.benchmarks.ifeval import (
     score,
     score_responses,
 )
+from kvinject.benchmarks.ifeval.bench import load_items
 from kvinject.exceptions import DataError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ifeval"
@@ -232,3 +233,21 @@ def test_a_model_without_a_chat_template_reads_the_instruction_as_plain_text(tin
     assert plain == [tiny.tokenize(item.prompt, parse_special=False) for item in bench.items]
     assert all(tiny.detokenize(p).strip() == item.prompt.strip() for p, item in zip(plain, bench.items))
     assert all(text.count(item.prompt) == 1 and len(text) > len(item.prompt) for text, item in zip(chat, bench.items))
+
+
+def test_one_prompt_twice_with_other_instructions_cannot_be_scored_by_prompt(tmp_path):
+    """The last of the two was used without a word."""
+    first, second = [json.loads(line) for line in (FIXTURES / "input_data.jsonl").read_text().splitlines() if line.strip()][:2]
+    data = read_items(write_lines(tmp_path, json.dumps(first), json.dumps({**second, "prompt": first["prompt"]})))
+    answers = read_responses(write_lines(tmp_path, json.dumps({"prompt": first["prompt"], "response": "r"})))
+    with pytest.raises(DataError, match=rf"twice with other instructions \(keys {first['key']} and {second['key']}\)"):
+        score_responses(data, answers, "r.jsonl")
+    same = [*data[:1], IFEvalItem(first["key"] + 1, first["prompt"], first["instruction_id_list"], first["kwargs"])]
+    assert len(score_responses(same, answers, "r.jsonl")) == 1  # the same instructions twice: either scores alike
+
+
+def test_data_without_a_prompt_is_named(tmp_path):
+    """`score ifeval --data EMPTY --responses R` blamed R's first line."""
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match=r"empty.jsonl holds no IFEval prompt$"):
+        load_items(str(tmp_path / "empty.jsonl"))

@@ -108,7 +108,9 @@ def test_the_error_reaches_the_cache_and_moves_the_scores(tiny_path, lm):
         ({"modle": "x"}, "kvinject takes no 'modle'"),
         ({"error": "nrmal:0,1"}, "unknown error model 'nrmal'"),
         ({"error": "none@q9"}, "after @ give the cache types"),
-        ({"layers": "3-1"}, "--layers"),
+        ({"layers": "3-1"}, r"^--model_args: bad layers '3-1'"),
+        ({"flash_attn": "maybe"}, r"^--model_args: flash_attn must be auto, on or off"),
+        ({"parallel": 0}, r"^--model_args: parallel must be"),
         ({"seed": "x"}, "seed must be an integer"),
     ],
 )
@@ -371,3 +373,12 @@ def test_a_spec_s_comma_in_model_args_says_how_to_quote_it(given):
     out = kvinject("lm-eval", "--model", "kvinject", *given, "--tasks", "kvinject_nextword")
     said = "error: --model_args: '0.25' is no key=value: a comma separates model arguments, so a value that holds one is quoted: "
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [said + """'error="normal:0,0.25"' (in single quotes for the shell)"""], out.stderr
+
+
+@pytest.mark.parametrize("command", [["run", "-b", "lmeval", "--task", "kvinject_nextword", "--include-path"], ["lm-eval", "--tasks", "x", "--include_path"]])
+@pytest.mark.parametrize("where, said", [("missing", "no such folder (a folder of lm-eval task YAMLs)"), ("empty", "the folder holds no task YAMLs")])
+def test_a_task_folder_that_is_not_one_is_refused(tmp_path, command, where, said):
+    """lm-eval skipped a folder that does not exist without a word, and kvinject recorded the path."""
+    (tmp_path / "empty").mkdir()
+    out = kvinject(*command, str(tmp_path / where))
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {command[-1]} {tmp_path / where}: {said}", out.stderr

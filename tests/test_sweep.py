@@ -95,8 +95,12 @@ def test_ranges_expand_and_the_cells_are_the_cross_product(tmp_path):
         (("runs = 2", "runs = 2 2"), "not valid TOML"),
         (("runs = 2", "runs = true"), "sweep.runs must be a positive integer, got True"),
         (("runs = 2", "runs = 2\nseeds = [0, -1]"), "sweep.seeds must be integers >= 0"),
-        (("runs = 2", "runs = 2\nthreads = 0"), r"\[sweep\] --threads must be >= 1"),
+        (("runs = 2", "runs = 2\nthreads = 0"), r"\[sweep\]: threads must be >= 1"),
         (("runs = 2", "runs = 2\nparallel = 'x'"), "sweep.parallel must be an integer"),
+        (("runs = 2", "runs = 2\nparallel = 0"), r"\[sweep\]: parallel must be between 1 and 256"),
+        (("runs = 2", "runs = 2\nflash_attn = 'maybe'"), "sweep.flash_attn must be auto, on or off, got 'maybe'"),  # was caches[0]'s --flash-attn
+        (("runs = 2", "runs = 2\nflash_attn = ['on']"), r"sweep.flash_attn must be auto, on or off, got \['on'\]"),
+        (("runs = 2", "runs = 2\nlayers = '3-1'"), r"\[sweep\]: bad layers '3-1'"),
         (("ctx = 64", "ctx = 2.5"), r"\[bench.perplexity\] ctx must be an integer, got 2.5"),
         (("chunks = 1", "chunks = 1\ndata = 3"), r"\[bench.perplexity\] data must be a non-empty string"),
         (("runs = 2", "runs = 2\nmargin = 3"), r"\[sweep\] the margin is a share in \(0, 1\), e.g. 0.03 for ±3%, got 3"),

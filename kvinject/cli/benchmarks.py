@@ -6,7 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..jsonutil import dumps
-from .flags import FormatOpt, check_format
+from .flags import FormatOpt
 from .render import console
 
 
@@ -27,7 +27,6 @@ def benchmarks(output_format: FormatOpt = "table") -> None:
         }
         for name, cls in BENCHMARKS.items()
     ]
-    check_format(output_format)
     if output_format == "json":
         print(dumps(listing))
         return

@@ -15,7 +15,7 @@ from ..engine.target import Target
 from ..error_models.configuration import Configuration, check_selection_applies
 from ..exceptions import KvinjectError
 from ..jsonutil import dumps
-from .flags import FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, bench_flags, check_format, setup_flags
+from .flags import FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, bench_flags, setup_flags
 from .outputs import check_writable
 from .render import console, fmt, progress_bars
 
@@ -55,7 +55,6 @@ def divergence_command(
     from ..benchmarks import make_benches
     from ..experiments.divergence import SPANS, bench_prompts, check_bench, divergence, text_prompts
 
-    check_format(output_format)
     if span not in SPANS:
         raise KvinjectError(f"--span must be one of {', '.join(SPANS)}, got '{span}'")
     values = {k: v for k, v in (bench_values or {}).items() if v not in (None, [], ())}

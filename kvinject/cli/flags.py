@@ -58,7 +58,7 @@ HeadsOpt = Annotated[
     ),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the noise (with the run index), >= 0.")]
-FormatOpt = Annotated[str, typer.Option("--format", help="Output: table or json.")]
+FormatOpt = Annotated[str, typer.Option("--format", help="Output: table or json.", callback=lambda value: check_format(value) or value)]
 WideOpt = Annotated[bool, typer.Option("--wide", help="Tables with every column (secondary metrics); by default they fit 100 columns.")]
 
 

@@ -12,7 +12,7 @@ from rich.text import Text
 from ..engine.target import Target
 from ..error_models.configuration import configurations
 from ..jsonutil import dumps
-from .flags import CtxOpt, ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, check_format, setup_flags
+from .flags import CtxOpt, ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, setup_flags
 from .render import console, fmt
 
 
@@ -35,7 +35,6 @@ def generate(
     """Greedy completion of PROMPT under the control and each --error, side by side."""
     from ..experiments.generate import generate as run_generate
 
-    check_format(output_format)
     configs = configurations("none", error or [], Target.parse(target, layers, positions, heads), setup.cache)
     with setup.load() as m:
         with console.status("generating...", spinner="dots"):

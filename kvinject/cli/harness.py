@@ -48,6 +48,10 @@ def lm_eval(ctx: typer.Context) -> None:
         if not any(a.startswith("--include_path") for a in args):
             args += ["--include_path", str(TASKS)]  # kvinject's own tasks; lm-eval's CLI takes one folder
     _check_model_args(args)
+    if _value(args, "--include_path") is not None:
+        from ..lmeval.tasks import check_include_path
+
+        check_include_path(_value(args, "--include_path"), "--include_path")
     sys.argv = ["lm-eval", *args]
     cli_evaluate()
     for lm in KvinjectLM.instances:

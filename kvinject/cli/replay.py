@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..exceptions import KvinjectError
 from ..jsonutil import dumps
-from .flags import FormatOpt, check_format
+from .flags import FormatOpt
 from .render import console
 
 
@@ -31,7 +31,6 @@ def replay(
     from ..analysis.report import control_of, load_records, select
     from ..experiments.replay import replay as replay_item
 
-    check_format(output_format)
     records = [r for r in select(load_records(stores), filters or []) if not r["settings"].get("control") and r.get("faults")]
     if run is not None:
         records = [r for r in records if r["run"] == run]

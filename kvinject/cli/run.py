@@ -15,7 +15,7 @@ from ..error_models.configuration import configurations
 from ..exceptions import KvinjectError
 from ..interrupts import caught, exit_code, stopped
 from ..jsonutil import dumps
-from .flags import ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, WideOpt, bench_flags, check_format, setup_flags
+from .flags import ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, WideOpt, bench_flags, setup_flags
 from .outputs import check_writable
 from .render import console, print_table, progress_bars
 
@@ -61,7 +61,6 @@ def run_command(
     from ..experiments.runner import run as run_benches
     from ..experiments.store import Store, temporary_store
 
-    check_format(output_format)
     if runs < 1:
         raise KvinjectError(f"--runs must be >= 1, got {runs}")
     cache = setup.cache

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..exceptions import KvinjectError
 from ..jsonutil import dumps
-from .flags import FormatOpt, check_format
+from .flags import FormatOpt
 from .outputs import check_writable
 from .render import console
 
@@ -32,7 +32,6 @@ def score(
 
     if bench != "ifeval":
         raise KvinjectError(f"only ifeval responses can be scored, got '{bench}'")
-    check_format(output_format)
     check_writable(output)
     items = load_items(data)
     answers = read_responses(responses)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..benchmarks import BENCHMARKS
-from ..engine.options import BackendOptions, CacheOptions
+from ..engine.options import FLASH_ATTN, BackendOptions, CacheOptions
 from ..engine.target import Target
 from ..error_models import REGISTRY
 from ..error_models.configuration import Configuration
@@ -252,9 +252,9 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
     try:
         BackendOptions(sweep.get("n_gpu_layers"), sweep.get("threads"), sweep.get("parallel"))
     except SpecError as e:
-        raise GridError(f"{path}: [sweep] {e}") from None
+        raise GridError(f"{path}: {e.keyed(SWEEP_KEYS, '[sweep]')}") from None
     flash = sweep.get("flash_attn", "auto")
-    if not isinstance(flash, str):
+    if not isinstance(flash, str) or flash not in FLASH_ATTN:  # CacheOptions would say --flash-attn, at the first cache
         raise GridError(f"{path}: sweep.flash_attn must be auto, on or off, got {flash!r}")
     rotation = sweep.get("kv_rotation", True)
     if not isinstance(rotation, bool):
@@ -276,7 +276,7 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
         try:
             targets.append(Target.parse(str(c), str(layers), str(positions), str(heads)))
         except SpecError as e:
-            raise GridError(f"{path}: [sweep] {e}") from None
+            raise GridError(f"{path}: {e.keyed(SWEEP_KEYS, '[sweep]')}") from None
     errors = raw.get("errors", [])
     if not isinstance(errors, list):
         raise GridError(f"{path}: errors must be an array of tables ([[errors]])")

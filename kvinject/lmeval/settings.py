@@ -56,10 +56,13 @@ class Settings:
         settings = cls(**given)
         if settings.max_length < 2:
             raise SpecError(f"--model_args: max_length must be at least 2 tokens, got {settings.max_length}")
-        configuration = settings.configuration  # every spec checked here, before a model loads
-        if configuration.target.positions is not None:  # lm-eval's requests declare no spans
-            configuration.target.positions.check("the kvinject lm-eval model", ())
-        _ = settings.backend
+        try:
+            configuration = settings.configuration  # every spec checked here, before a model loads
+            if configuration.target.positions is not None:  # lm-eval's requests declare no spans
+                configuration.target.positions.check("the kvinject lm-eval model", ())
+            _ = settings.backend
+        except SpecError as e:
+            raise e.keyed(names, "--model_args") from None
         return settings
 
     @property

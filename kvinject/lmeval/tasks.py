@@ -63,6 +63,17 @@ class TaskSet:
         return out
 
 
+def check_include_path(folder: str | Path, flag: str) -> None:
+    """A folder of task YAMLs that exists: lm-eval skips one that does not without a word."""
+    path = Path(folder)
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        return
+    if not path.is_dir():
+        raise DataError(f"{flag} {folder}: no such folder (a folder of lm-eval task YAMLs)")
+    if not any(path.rglob("*.yaml")) and not any(path.rglob("*.yml")):
+        raise DataError(f"{flag} {folder}: the folder holds no task YAMLs")
+
+
 def task_set(names: tuple[str, ...], include_path: list[str | Path] | None = None, data: str | None = None, shots_data: str | None = None) -> TaskSet:
     """The tasks ``names`` (lm-eval's and those of the ``include_path`` folders); with ``data``,
     one task over that file instead of its dataset, its few-shot examples from ``shots_data``
@@ -70,6 +81,8 @@ def task_set(names: tuple[str, ...], include_path: list[str | Path] | None = Non
     lm-eval leaves a document out of its own examples only where that split is the evaluated one
     by name, so over one file gsm8k, whose are train and test, can show a question its own)."""
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its INFO lines would interleave with the progress bars
+    for folder in include_path or []:
+        check_include_path(folder, "--include-path")
     manager = TaskManager(include_path=include_path)
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:

@@ -14,6 +14,7 @@ from ...data import bench_data, load_hf
 from ...engine.batching import Generation
 from ...engine.model import Model
 from ...engine.speed import Speed
+from ...exceptions import DataError
 from ..base import GenerationBenchmark
 from ..options import Options, option
 from .scoring import IFEvalItem, PromptVerdict, exclude, metrics, parse_items, read_items, score
@@ -24,8 +25,12 @@ DEFAULT_DATA = "ifeval_style.jsonl"
 def load_items(data: str | None) -> list[IFEvalItem]:
     """The bundled prompt set, an IFEval ``input_data.jsonl`` file, or ``hf:google/IFEval``."""
     if data is not None and data.startswith("hf:"):
-        return parse_items((f"{data} row {i}", row) for i, row in enumerate(load_hf(data)))
-    return read_items(Path(data) if data is not None else bench_data(DEFAULT_DATA))
+        items = parse_items((f"{data} row {i}", row) for i, row in enumerate(load_hf(data)))
+    else:
+        items = read_items(Path(data) if data is not None else bench_data(DEFAULT_DATA))
+    if not items:
+        raise DataError(f"{data} holds no IFEval prompt")
+    return items
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,14 @@ def read_responses(path: str | Path) -> list[tuple[int, str, str]]:
 def score_responses(items: Iterable[IFEvalItem], responses: list[tuple[int, str, str]], source: str) -> list[PromptVerdict]:
     """One verdict per response, in order, each checked against its prompt's item; a response
     to a prompt that ``items`` lacks is an error naming its line of ``source``."""
-    by_prompt = {item.prompt: item for item in items}
+    by_prompt: dict[str, IFEvalItem] = {}
+    for item in items:
+        seen = by_prompt.setdefault(item.prompt, item)
+        if (seen.instruction_id_list, seen.kwargs) != (item.instruction_id_list, item.kwargs):
+            raise DataError(
+                f"the data holds the prompt {item.prompt[:60]!r} twice with other instructions (keys {seen.key} and {item.key}): "
+                "a response names its prompt only, so it could be scored by either"
+            )
     verdicts = []
     for number, prompt, response in responses:
         if prompt not in by_prompt:

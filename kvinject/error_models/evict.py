@@ -21,7 +21,7 @@ import numpy as np
 
 from ..engine.perturbation import CacheResident
 from ..exceptions import SpecError
-from .eviction import METHODS, Method
+from .eviction import METHODS, HeadScored, Method
 from .eviction.allocation import ALLOCATIONS, ada, per_layer, pyramid
 from .registry import register
 
@@ -87,8 +87,8 @@ class Evict(CacheResident):
             raise SpecError(f"'evict': query must be agnostic (the context compressed before the question) or aware, got '{self.query}'")
         if self.alloc is not None and self.alloc not in ALLOCATIONS:
             raise SpecError(f"'evict': alloc must be heads (B per KV head), ada (budgets per head of a layer) or pyramid (per layer), got '{self.alloc}'")
-        if self.alloc is not None and METHODS[self.method].head_scores is Method.head_scores:
-            with_heads = ", ".join(name for name, m in METHODS.items() if m.head_scores is not Method.head_scores)
+        if self.alloc is not None and not issubclass(METHODS[self.method], HeadScored):
+            with_heads = ", ".join(name for name, m in METHODS.items() if issubclass(m, HeadScored))
             raise SpecError(f"'evict:{self.method}' scores tokens as a whole: alloc={self.alloc} needs scores per head ({with_heads})")
         if self.alloc is not None and self.decode != 0:
             raise SpecError(f"'evict': alloc={self.alloc} compresses a prompt once, as kvpress's presses: add decode=0")

@@ -46,16 +46,37 @@ class Method(ABC):
         """After every decode, the one that brought ``seq`` from ``n0`` to ``n1`` tokens (``held``:
         its tokens in the cache, in order), before any cut: what the scores accumulate."""
 
-    def head_scores(self, cache: ResidentCache, seq: int, held: np.ndarray) -> np.ndarray | None:
-        """The held tokens' scores per layer and KV head, (layers, heads, tokens), where the cache
-        is cut with budgets per layer or head (``alloc=``, kvinject/error_models/eviction/allocation.py);
-        None: the method scores a token as a whole."""
-        return None
-
     @abstractmethod
     def keep(self, cache: ResidentCache, seq: int, held: np.ndarray, budget: int) -> np.ndarray | None:
         """Where the decode cuts ``seq``, holding more than ``budget`` tokens: the indices into
         ``held`` of the ``budget`` to keep, or None to keep them all."""
+
+
+@dataclass(frozen=True)
+class Scored(Method):
+    """A method that scores each held token: the cut keeps the highest scores, and the newest
+    token (kvpress's ``ScorerPress``, whose presses are one ``score`` method)."""
+
+    @abstractmethod
+    def scores(self, cache: ResidentCache, seq: int, held: np.ndarray) -> np.ndarray:
+        """The held tokens' scores, one each."""
+
+    def keep(self, cache, seq, held, budget):
+        return newest_kept(self.scores(cache, seq, held), budget)
+
+
+@dataclass(frozen=True)
+class HeadScored(Scored):
+    """A method that scores each held token in each layer and KV head: a token's score is their
+    mean where one set of tokens is kept, and budgets per layer or head can follow them."""
+
+    @abstractmethod
+    def head_scores(self, cache: ResidentCache, seq: int, held: np.ndarray) -> np.ndarray:
+        """The held tokens' scores per layer and KV head, (layers, heads, tokens), which budgets
+        per layer or head follow (``alloc=``, kvinject/error_models/eviction/allocation.py)."""
+
+    def scores(self, cache, seq, held):
+        return self.head_scores(cache, seq, held).mean(axis=(0, 1))
 
 
 def top(scores: np.ndarray, k: int) -> np.ndarray:

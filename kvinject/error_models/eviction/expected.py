@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import Method, newest_kept, register
+from . import HeadScored, register
 
 
 def average_rope(rope, dim: int, start: int, count: int) -> np.ndarray:
@@ -36,7 +36,7 @@ def average_rope(rope, dim: int, start: int, count: int) -> np.ndarray:
 
 @register
 @dataclass(frozen=True)
-class Expected(Method):
+class Expected(HeadScored):
     sinks: int = 4
     future: int = 512
     name = "expected"
@@ -70,6 +70,3 @@ class Expected(Method):
         scores = weights.reshape(len(keys), heads_kv, group, -1).mean(axis=2) * np.linalg.norm(values, axis=-1).transpose(0, 2, 1)
         sinks = np.broadcast_to(scores.max(axis=(1, 2), keepdims=True) + 1, (*scores.shape[:2], min(self.sinks, len(held))))
         return np.concatenate([sinks, scores], axis=2)
-
-    def keep(self, cache, seq, held, budget):
-        return newest_kept(self.head_scores(cache, seq, held).mean(axis=(0, 1)), budget)

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import Method, Rows, newest_kept, register
+from . import HeadScored, Rows, register
 
 
 @register
 @dataclass(frozen=True)
-class KeyDiff(Method):
+class KeyDiff(HeadScored):
     name = "keydiff"
     summary = "keys least like the mean key"
     reads = "keys"
@@ -31,6 +31,3 @@ class KeyDiff(Method):
         anchor = units.mean(axis=0)  # (layers, heads, dim)
         cosine = np.einsum("tlhd,lhd->lht", units, anchor) / np.maximum(np.linalg.norm(anchor, axis=-1), 1e-8)[..., None]
         return -cosine.astype(np.float64)
-
-    def keep(self, cache, seq, held, budget):
-        return newest_kept(self.head_scores(cache, seq, held).mean(axis=(0, 1)), budget)

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import Method, Rows, newest_kept, register
+from . import HeadScored, Rows, register
 
 
 @register
 @dataclass(frozen=True)
-class KNorm(Method):
+class KNorm(HeadScored):
     name = "knorm"
     summary = "lowest key norms"
     reads = "keys"
@@ -25,6 +25,3 @@ class KNorm(Method):
 
     def head_scores(self, cache, seq, held):
         return -cache.state(seq)["norms"][held].transpose(1, 2, 0).astype(np.float64)
-
-    def keep(self, cache, seq, held, budget):
-        return newest_kept(self.head_scores(cache, seq, held).mean(axis=(0, 1)), budget)

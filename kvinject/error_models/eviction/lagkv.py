@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import Method, newest_kept, register
+from . import HeadScored, register
 
 
 def lag_scores(x: np.ndarray, sinks: int, lag: int) -> np.ndarray:
@@ -29,7 +29,7 @@ def lag_scores(x: np.ndarray, sinks: int, lag: int) -> np.ndarray:
 
 @register
 @dataclass(frozen=True)
-class LagKV(Method):
+class LagKV(HeadScored):
     sinks: int = 4
     lag: int = 128
     name = "lagkv"
@@ -49,6 +49,3 @@ class LagKV(Method):
         ranks = both.argsort(axis=2, kind="stable").argsort(axis=2, kind="stable") / self.lag  # within each partition
         scores[..., self.sinks : end - self.lag] = ranks.transpose(0, 3, 1, 2).reshape(layers, heads, -1)
         return scores
-
-    def keep(self, cache, seq, held, budget):
-        return newest_kept(self.head_scores(cache, seq, held).mean(axis=(0, 1)), budget)

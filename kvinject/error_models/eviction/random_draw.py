@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import Method, newest_kept, register, scored_on_arrival
+from . import Scored, register, scored_on_arrival
 
 
 @register
 @dataclass(frozen=True)
-class Random(Method):
+class Random(Scored):
     name = "random"
     summary = "a uniform sample"
     reads = "draws"
@@ -21,5 +21,5 @@ class Random(Method):
     def observe(self, cache, seq, held, n0, n1):
         scored_on_arrival(cache, seq, cache.draws(seq).take(n1 - n0))
 
-    def keep(self, cache, seq, held, budget):
-        return newest_kept(cache.state(seq)["scores"][held], budget)
+    def scores(self, cache, seq, held):
+        return cache.state(seq)["scores"][held]

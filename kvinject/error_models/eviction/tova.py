@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import Method, newest_kept, register
+from . import Scored, register
 
 
 @register
 @dataclass(frozen=True)
-class Tova(Method):
+class Tova(Scored):
     name = "tova"
     summary = "last query's attention"
     reads = "attention"
 
-    def keep(self, cache, seq, held, budget):
-        return newest_kept(cache.attention(seq)[-1], budget)
+    def scores(self, cache, seq, held):
+        return cache.attention(seq)[-1]

@@ -140,7 +140,7 @@ def test_labels_keys_and_grids_name_heads_only_when_given():
         "normal:0,0.5 [kv:all heads:1]",
         "quant:4,group=32 [v:all heads:0-1]",
     ]
-    with pytest.raises(GridError, match=r"g.toml: \[sweep\] bad --heads 'x'") as e:
+    with pytest.raises(GridError, match=r"g.toml: \[sweep\]: bad heads 'x'") as e:
         build_grid("g.toml", {**raw, "sweep": {"models": ["m.gguf"], "heads": ["x"]}})
     assert "\n" not in str(e.value)
     with pytest.raises(GridError, match=r"g.toml: cells\[0\]: --heads does not apply to 'faults'"):

@@ -198,7 +198,7 @@ def test_positions_are_a_grid_axis():
 @pytest.mark.parametrize(
     "change,message",
     [
-        ({"sweep": {"positions": ["1-x"]}}, r"g.toml: \[sweep\] bad --positions '1-x'"),
+        ({"sweep": {"positions": ["1-x"]}}, r"g.toml: \[sweep\]: bad positions '1-x'"),
         ({"bench": {"nexttoken": {}}}, r"g.toml: \[bench.nexttoken\] --positions 'needle': nexttoken declares no span 'needle'"),
         ({"errors": [{"spec": "kivi:2"}]}, "--positions does not apply to 'kivi'"),
     ],

@@ -80,23 +80,18 @@ def generate_all(
     contain: bool = False,
 ) -> Iterator[tuple[int, Generation]]:
     """Generate after every prompt, up to ``ctx.n_seq`` at a time; yield ``(index, generation)``
-    as each finishes. ``items[i]`` seeds prompt ``i`` (see ``Context.begin_item``); without
-    ``items`` the sequences keep the streams they have. Greedy unless temperature > 0; a
-    generation ends at an end-of-generation token, ``stop(tokens)``, ``max_tokens`` or the
-    sequence's share of the context. NaN/Inf logits never crash: they are counted.
-    ``ignore_eos`` generates past end-of-generation tokens, as llama-batched-bench does: the
-    same amount of work whatever the model says, for speed measurements.
-    ``prefixes[i]`` continues prompt ``i`` after tokens already generated: they are decoded
-    with the prompt, and the generation (its limits, ``stop`` and the result) starts with them.
-    ``keep_logits`` keeps the logits of every pick in ``Generation.logits``. Each sequence's
-    tokens are marked as ``prompt`` and ``generated`` (a prefix counts as generated), with the
-    spans ``spans[i]`` of prompt ``i`` a benchmark declares, for ``--positions``. With
-    ``prefills``, what configurations decode alike of a prompt is decoded by the first only
-    (``Context.resume``). Fault campaigns ask for two watchdogs: a generation still going
-    ``deadline`` seconds after its sequence took it stops, ``stopped`` "timeout"; with
-    ``contain``, an error raised inside the hook (HookError) in a decode of one sequence's tokens
-    stops that sequence's generation, ``stopped`` "raised: ...", and the others go on (in a
-    decode shared by several it cannot be put down to one, and is raised)."""
+    as each finishes. ``items[i]`` seeds prompt ``i`` (``Context.begin_item``; without, the
+    sequences keep their streams). Greedy unless temperature > 0; a generation ends at an
+    end-of-generation token (unless ``ignore_eos``, as llama-batched-bench), ``stop(tokens)``,
+    ``max_tokens`` or the sequence's share of the context; NaN/Inf logits are counted.
+    ``prefixes[i]``: tokens already generated after prompt ``i``, decoded with it, with which the
+    generation starts. ``keep_logits`` keeps every pick's logits. Tokens are marked ``prompt``
+    and ``generated`` (a prefix is generated), with the ``spans[i]`` a benchmark declares, for
+    ``--positions``. With ``prefills``, what configurations decode alike of a prompt is decoded
+    by the first only (``Context.resume``). Fault campaigns' watchdogs: a generation still going
+    ``deadline`` seconds after its sequence took it stops ("timeout"); with ``contain``, a
+    HookError in a decode of one sequence's tokens stops that generation ("raised: ...") and the
+    others go on (in a decode shared by several, it is raised)."""
     prefixes = prefixes or [()] * len(prompts)
     for p in prompts:
         if not 0 < len(p) < ctx.n_ctx_seq:
@@ -109,16 +104,9 @@ def generate_all(
     while queue or active:
         while queue and free:
             index, seq = queue.popleft(), free.pop()
-            if items is not None:
-                # Of max_tokens picked, all but the last are decoded (fault campaigns place faults in them).
-                ctx.begin_item(items[index], seq, len(prompts[index]), max(0, min(max_tokens, ctx.n_ctx_seq - len(prompts[index])) - 1))
-            else:
-                ctx.forget(seq)
-            n = len(prompts[index])
-            ctx.mark(seq, {"prompt": [(0, n)], "generated": [(n, MAX_POSITION + 1)], **(spans[index] if spans is not None else {})})
-            prefix = list(prefixes[index])
-            slot = _Slot(seq, index, [*prompts[index], *prefix], out=prefix, prefix=len(prefix), rows=[] if keep_logits else None)
-            slot.fed, logits = ctx.resume(seq, prompts[index], prefills) if not prefix else (0, None)
+            item = items[index] if items is not None else None
+            slot = _take(ctx, seq, index, prompts[index], prefixes[index], item, max_tokens, spans[index] if spans is not None else {}, keep_logits)
+            slot.fed, logits = ctx.resume(seq, prompts[index], prefills) if not slot.prefix else (0, None)
             if logits is not None and _step(ctx, slot, logits, max_tokens, temperature, stop, ignore_eos, deadline):  # the whole prompt restored
                 free.append(seq)
                 yield index, _generation(ctx, slot)
@@ -130,17 +118,7 @@ def generate_all(
         # A prompt piece is decoded alone, as when its item runs by itself; generated tokens of
         # all sequences share a decode (each row is computed independently of the others).
         if feeding:
-            slot = feeding[0]
-            cut = ctx.break_in(slot.seq, slot.fed, slot.fed + ctx.n_batch)  # a span's end a cache-resident model acts at
-            piece = slot.prompt[slot.fed : cut or slot.fed + ctx.n_batch]
-            entries = [(t, slot.fed + j, slot.seq, cut is not None and j == len(piece) - 1) for j, t in enumerate(piece)]
-            slot.fed += len(piece)
-            asks: list[tuple[_Slot, int]] = []
-            if slot.fed == len(slot.prompt):
-                feeding.popleft()
-                entries[-1] = (*entries[-1][:3], True)
-                asks = [(slot, len(entries) - 1)]
-            decodes = [(entries, asks)]
+            decodes = [_prompt_piece(ctx, feeding)]
         else:
             if steps is None:
                 steps = [(run, [(s, i) for i, s in enumerate(run)]) for run in _steps(active, ctx.streams)]
@@ -151,12 +129,8 @@ def generate_all(
             except HookError as e:
                 if not contain or len({seq for _, _, seq, _ in entries}) != 1:
                     raise
-                slot = next(s for s in active if s.seq == entries[0][2])
-                slot.stopped = f"raised: {e}"
-                active.remove(slot)
+                slot = _put_down(entries[0][2], f"raised: {e}", active, feeding)
                 steps = None
-                if feeding and feeding[0] is slot:
-                    feeding.popleft()
                 free.append(slot.seq)
                 yield slot.index, _generation(ctx, slot)  # its cells go when the sequence takes the next prompt
                 continue
@@ -169,6 +143,46 @@ def generate_all(
                     steps = None
                     free.append(slot.seq)
                     yield slot.index, _generation(ctx, slot)
+
+
+def _take(ctx: Context, seq: int, index: int, prompt, prefix, item: int | None, max_tokens: int, spans: Spans, keep_logits: bool) -> _Slot:
+    """Sequence ``seq`` made ready for prompt ``index``: its item's streams (or the ones it has)
+    and its marked spans."""
+    if item is not None:
+        # Of max_tokens picked, all but the last are decoded (fault campaigns place faults in them).
+        ctx.begin_item(item, seq, len(prompt), max(0, min(max_tokens, ctx.n_ctx_seq - len(prompt)) - 1))
+    else:
+        ctx.forget(seq)
+    n = len(prompt)
+    ctx.mark(seq, {"prompt": [(0, n)], "generated": [(n, MAX_POSITION + 1)], **spans})
+    prefix = list(prefix)
+    return _Slot(seq, index, [*prompt, *prefix], out=prefix, prefix=len(prefix), rows=[] if keep_logits else None)
+
+
+def _put_down(seq: int, why: str, active: list[_Slot], feeding: deque[_Slot]) -> _Slot:
+    """The slot of ``seq``, stopped for ``why`` and taken out of the decodes."""
+    slot = next(s for s in active if s.seq == seq)
+    slot.stopped = why
+    active.remove(slot)
+    if feeding and feeding[0] is slot:
+        feeding.popleft()
+    return slot
+
+
+def _prompt_piece(ctx: Context, feeding: deque[_Slot]) -> tuple[list, list[tuple[_Slot, int]]]:
+    """The next piece of the first feeding slot's prompt, as a decode's entries, and the row
+    that asks for logits where the piece ends the prompt."""
+    slot = feeding[0]
+    cut = ctx.break_in(slot.seq, slot.fed, slot.fed + ctx.n_batch)  # a span's end a cache-resident model acts at
+    piece = slot.prompt[slot.fed : cut or slot.fed + ctx.n_batch]
+    entries = [(t, slot.fed + j, slot.seq, cut is not None and j == len(piece) - 1) for j, t in enumerate(piece)]
+    slot.fed += len(piece)
+    asks: list[tuple[_Slot, int]] = []
+    if slot.fed == len(slot.prompt):
+        feeding.popleft()
+        entries[-1] = (*entries[-1][:3], True)
+        asks = [(slot, len(entries) - 1)]
+    return entries, asks
 
 
 def _steps(active: list[_Slot], streams: bool) -> list[list[_Slot]]:

@@ -110,20 +110,7 @@ class Context:
         if streams and self.error.resident is not None:  # it reads and writes cells by their index in one pool
             raise InjectionError(f"'{self.error.name}' changes cells of a cache whose sequences share one pool: it cannot run with a stream per sequence")
         self.streams = streams and n_seq > 1
-        self.hook = None
-        if self.error.injects:
-            # Imported here: the compiled callback maps about 50 MB of numba's compiler state, which
-            # a context with nothing to hook (a control) need not load.
-            from .hook import KVHook
-
-            self.hook = KVHook(
-                self.error.stored(self.cache, self.target.components).fit(model, self.cache),
-                self.target,
-                model.n_layer,
-                model.n_head_kv * model.head_dim_k,
-                model.n_head_kv * model.head_dim_v,
-                model.n_head_kv,
-            )
+        self.hook = self._make_hook(model) if self.error.injects else None
         self.residual = None
         if residual:
             from .residual import ResidualStream
@@ -141,6 +128,32 @@ class Context:
         self._finished: list[int] = []  # and of the sequences forgotten
         self._watch: _Watch | None = None  # a prompt to snapshot once decoded far enough (kvinject/engine/prefills.py)
         self._seed(0, [seed, run])
+        self._ptr = self._llama_context(model, n_ctx, n_seq)
+        self.n_vocab = model.n_vocab
+        self._batch = Batch(self.n_batch)
+        self._outputs: dict[int, tuple[int, np.ndarray]] = {}  # output_logits' view of n rows, with the address it is at
+        self.resident = self._make_resident(model) if self.error.resident is not None else None
+        if self.hook is not None:
+            self.hook.learn(lambda: self._llama_decode([(model.bos, 0, 0, False)]))
+            self.clear()
+
+    def _make_hook(self, model: Model):
+        # Imported here: the compiled callback maps about 50 MB of numba's compiler state, which
+        # a context with nothing to hook (a control) need not load.
+        from .hook import KVHook
+
+        return KVHook(
+            self.error.stored(self.cache, self.target.components).fit(model, self.cache),
+            self.target,
+            model.n_layer,
+            model.n_head_kv * model.head_dim_k,
+            model.n_head_kv * model.head_dim_v,
+            model.n_head_kv,
+        )
+
+    def _llama_context(self, model: Model, n_ctx: int, n_seq: int):
+        """llama.cpp's context for this cache, with the hook (or the residual reader) as its
+        evaluation callback."""
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = self.n_batch  # one graph per decode: the hook relies on it
@@ -158,37 +171,36 @@ class Context:
             params.cb_eval = self.residual.callback
             params.cb_eval_user_data = self.residual.user_data
         with _rotation(self.cache.kv_rotation), captured_log() as self.creation_log:
-            self._ptr = ll.llama_init_from_model(model.ptr, params)
-        if not self._ptr:
+            ptr = ll.llama_init_from_model(model.ptr, params)
+        if not ptr:
             tail = "".join(self.creation_log[-5:]).strip()
             raise ModelError(f"llama.cpp could not create a context with {self.cache.label}, n_ctx={n_ctx}: {tail}")
-        self.n_vocab = model.n_vocab
-        self._batch = Batch(self.n_batch)
-        self._outputs: dict[int, tuple[int, np.ndarray]] = {}  # output_logits' view of n rows, with the address it is at
-        self.resident = None
-        if (resident := self.error.resident) is not None:
-            memory = ll.llama_get_memory(self._ptr)
-            n_cells = ll.llama_n_ctx(self._ptr)
-            self.resident = ResidentCache(
-                resident,
-                self.target,
-                model.n_layer,
-                n_cells,
-                lambda seq, p0, p1: ll.llama_memory_seq_rm(memory, seq, p0, p1),
-                self._noise,
-                model.n_head_kv,
-                self._spans,
-                self.hook.writes.tensors,  # learned below
-                self.hook.hide_cells(n_cells) if resident.hides else None,
-                model.rope,
-            )
-            if resident.queries:
-                self.hook.read_queries(model.n_head * model.head_dim_k)
-            if resident.attention:
-                self.hook.attend(n_cells)
-        if self.hook is not None:
-            self.hook.learn(lambda: self._llama_decode([(model.bos, 0, 0, False)]))
-            self.clear()
+        return ptr
+
+    def _make_resident(self, model: Model) -> ResidentCache:
+        """What a cache-resident model reads and changes between decodes, and what the hook must
+        read for it (queries, attention)."""
+        resident = self.error.resident
+        memory = ll.llama_get_memory(self._ptr)
+        n_cells = ll.llama_n_ctx(self._ptr)
+        cache = ResidentCache(
+            resident,
+            self.target,
+            model.n_layer,
+            n_cells,
+            lambda seq, p0, p1: ll.llama_memory_seq_rm(memory, seq, p0, p1),
+            self._noise,
+            model.n_head_kv,
+            self._spans,
+            self.hook.writes.tensors,  # learned by the hook's first decode, after this
+            self.hook.hide_cells(n_cells) if resident.hides else None,
+            model.rope,
+        )
+        if resident.queries:
+            self.hook.read_queries(model.n_head * model.head_dim_k)
+        if resident.attention:
+            self.hook.attend(n_cells)
+        return cache
 
     def _seed(self, seq: int, key: list[int], tokens: int | None = None, generated: int = 0) -> None:
         if self.hook is not None:

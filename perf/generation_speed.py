@@ -34,6 +34,7 @@ from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions
 from kvinject.error_models.configuration import Configuration
 from kvinject.experiments.executor import evaluate, generation_context
+from measurements import add_record_flag, model_label, record
 from tools import TakeTurns, find_tool, run_tool, spread
 
 SPECS = ("none", "normal:0,0.25")
@@ -111,6 +112,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--forms", nargs="+", choices=("fixed", "ifeval"), default=["fixed", "ifeval"])
+    add_record_flag(ap)
     args = ap.parse_args()
     tool = find_tool("llama-batched-bench", args.tools)
     model = Model(args.model, BackendOptions(threads=args.threads, parallel=args.parallel))
@@ -147,6 +149,11 @@ def main() -> None:
     for form in args.forms:
         paired = [noisy / clean for noisy, clean in zip(speeds[f"{form} normal:0,0.25"], speeds[f"{form} none"])]
         print(f"injection overhead, {form} (normal:0,0.25 / none, paired runs): {spread(paired)}")
+        gpu, key = model.n_gpu_layers > 0, f"generation {model_label(args.model)} {form} x{args.parallel}"
+        what = f"generation ({form}), {args.parallel} sequences"
+        ratios = [s / r for s, r in zip(speeds[f"{form} none"], speeds["ref"])]
+        record(args, "gpu" if gpu else "cpu", key, f"{what}, kvinject none / llama-batched-bench", ratios, gpu)
+        record(args, "gpu" if gpu else "cpu", f"{key} normal:0,0.25/none", f"{what}, `normal:0,0.25` / none", paired, gpu)
     if "ifeval" in args.forms:
         print("generated tokens in the ifeval runs: " + ", ".join(f"{spec} {statistics.median(n):.0f}" for spec, n in generated.items()))
 

@@ -26,6 +26,7 @@ from kvinject.engine.context import Context
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions, CacheOptions
 from kvinject.error_models import parse_error
+from measurements import add_record_flag, model_label, record
 from tools import spread
 
 ERRORS = ["normal:0,0", "normal:0,0.25"]
@@ -88,6 +89,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=None, help="repeat the prompt to this many tokens")
     ap.add_argument("--flash-attn", default="auto", help="for every configuration (evict:h2o and tova need off)")
     ap.add_argument("--no-launch", action="store_true", help="on a GPU: the hook claims and synchronizes but launches no kernel")
+    add_record_flag(ap)
     args = ap.parse_args()
     nothing = launch_nothing() if args.no_launch else None  # noqa: F841 (kept alive)
     model = Model(args.model, BackendOptions(threads=args.threads))
@@ -108,6 +110,10 @@ def main() -> None:
             pairs = [clean / t for clean, t in zip(times["none"], times[spec])]
             blocks = [statistics.median(pairs[i : i + size]) for i in range(0, size * args.blocks, size)]
             print(f"{n_seq:>9}  {spec:<{w}}{statistics.median(times[spec]) * 1e3:>10.2f}  {spread(blocks)}")
+            key = f"decode {model_label(args.model)} {spec} x{n_seq}" + (f" prompt{args.prompt_tokens}" if args.prompt_tokens else "")
+            key += " fa-off" * (args.flash_attn == "off") + " no-launch" * args.no_launch
+            gpu = model.n_gpu_layers > 0
+            record(args, "gpu" if gpu else "cpu", key, f"decode, {n_seq} sequence(s), `{spec}` / none", blocks, gpu)
 
 
 if __name__ == "__main__":

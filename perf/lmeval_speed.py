@@ -30,6 +30,7 @@ from kvinject.benchmarks.lmeval import TASKS
 from kvinject.engine.model import resolve_model
 from kvinject.engine.options import physical_cores
 from kvinject.lmeval.model import KvinjectLM
+from measurements import add_record_flag, model_label, record
 from tools import spread
 
 sys.path.insert(0, str(TASKS))
@@ -83,6 +84,7 @@ def main() -> None:
     p.add_argument("--generate", type=int, default=24)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=physical_cores())
+    add_record_flag(p)
     a = p.parse_args()
     path = str(resolve_model(a.model))
     manager = TaskManager(include_path=str(TASKS))
@@ -103,7 +105,10 @@ def main() -> None:
             print(f"{kind}: {requests} requests, {a.threads} threads, {a.repeats} repeats")
             for name, times in seconds.items():
                 print(f"  {name:<24} {requests / sorted(times)[len(times) // 2]:8.1f} requests/s")
-            print(f"  kvinject / server        {spread([s / k for k, s in zip(seconds['kvinject'], seconds['server'])])}")
+            ratios = [s / k for k, s in zip(seconds["kvinject"], seconds["server"])]
+            print(f"  kvinject / server        {spread(ratios)}")
+            what = f"lm-eval, {requests} {kind} requests, kvinject / lm-eval's gguf model on llama-cpp-python's server"
+            record(a, "cpu", f"lm-eval {model_label(a.model)} {kind}", what, ratios)
             print(f"  normal:0,0.25 / clean    {spread([k / n for k, n in zip(seconds['kvinject'], seconds['kvinject normal:0,0.25'])])}")
     finally:
         proc.terminate()

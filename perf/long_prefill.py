@@ -14,7 +14,7 @@ Ratios, one per repeat: the clean run's time over the configuration's (below 1: 
 costs). With llama-batched-bench found (--tools, $LLAMA_TOOLS or PATH), it runs that row
 before the first repeat and after each, and kvinject's clean run is compared with the mean of
 the two runs around it: this machine's speed drifts by 10% within minutes, and kvinject's
-contexts taking turns run twice as long as batched-bench (docs/performance.md, "Long-prompt generation").
+contexts taking turns run twice as long as batched-bench (docs/performance.md).
 `--errors` with no spec runs the clean context alone, one context at a time as batched-bench does.
 `--bare` adds a context of llama-cpp-python's own, made with the same parameters and decoded
 without kvinject: what kvinject's code adds over the library it drives.
@@ -34,6 +34,7 @@ from kvinject.engine.ggml import CACHE_TYPES
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions, CacheOptions
 from kvinject.error_models import parse_error
+from measurements import add_record_flag, model_label, record
 from tools import find_tool, run_tool, spread
 
 ERRORS = ["normal:0,0.25"]
@@ -140,6 +141,7 @@ def main() -> None:
     ap.add_argument("--errors", nargs="*", default=ERRORS, help="error specs compared with none (none given: the clean context alone)")
     ap.add_argument("--bare", action="store_true", help="also a llama-cpp-python context decoded without kvinject")
     ap.add_argument("--tools", help="folder holding llama-batched-bench (else $LLAMA_TOOLS or PATH; skipped when absent)")
+    add_record_flag(ap)
     args = ap.parse_args()
     model = Model(args.model, BackendOptions(threads=args.threads))
     tokens = text_tokens(model, args.length)
@@ -173,6 +175,8 @@ def main() -> None:
             bench.append(batched_bench(tool, model, args.length, args.steps, args.sequences))
     prompt = args.length * args.sequences
     clean_pp = [prompt / prefill["none"] for prefill, _ in runs]
+    gpu, shape = model.n_gpu_layers > 0, f"{args.length} tokens × {args.sequences}"
+    table, key = "gpu" if gpu else "cpu", f"long-prompt {model_label(args.model)} {args.length}x{args.sequences}"
     print(f"{'':<18}{'prefill tok/s':>14}{'ms/decode':>11}  speed ratios (prefill; decode), median (min, max) over repeats: to none; none to {BARE}")
     for spec in shown:
         pp = [prompt / prefill[spec] for prefill, _ in runs]
@@ -182,7 +186,12 @@ def main() -> None:
             # an error model's speed over the clean one's; for the bare context, kvinject's clean speed over the library's
             a, b = (spec, "none") if spec == BARE else ("none", spec)
             ratios = [p[a] / p[b] for p, _ in runs]
-            line += f"  {spread(ratios)}; {spread([d[a] / d[b] for _, d in runs])}\n{'':<18}prefill per repeat: {', '.join(f'{r:.3f}' for r in ratios)}"
+            decodes = [d[a] / d[b] for _, d in runs]
+            line += f"  {spread(ratios)}; {spread(decodes)}\n{'':<18}prefill per repeat: {', '.join(f'{r:.3f}' for r in ratios)}"
+            ratio = "none/bare" if spec == BARE else f"{spec}/none"
+            record(args, table, f"{key} prefill {ratio}", f"prefill of {shape}, {ratio}", ratios, gpu)
+            if spec == BARE:
+                record(args, table, f"{key} decode {ratio}", f"decode at {shape}, {ratio}", decodes, gpu)
         print(line)
     if bench:
         # each repeat against the mean of the batched-bench runs before and after it
@@ -191,7 +200,9 @@ def main() -> None:
         print(f"{'llama-batched-bench':<18}{sorted(r for r, _ in bench)[len(bench) // 2]:>14.1f}  runs: {', '.join(f'{r:.1f}' for r, _ in bench)}")
         print(f"kvinject clean, per repeat: {', '.join(f'{k:.1f}' for k in clean_pp)}")
         print(f"kvinject clean / llama-batched-bench around it: prefill speed {spread([k / r for k, (r, _) in zip(clean_pp, reference)])}")
-        print(f"  whole run (prefill and decodes) speed {spread([t / k for k, (_, t) in zip(clean, reference)])}")
+        whole = [t / k for k, (_, t) in zip(clean, reference)]
+        print(f"  whole run (prefill and decodes) speed {spread(whole)}")
+        record(args, table, key, f"long prompts, {shape}, then {args.steps} decodes, kvinject none / llama-batched-bench", whole, gpu)
 
 
 if __name__ == "__main__":

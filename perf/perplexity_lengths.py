@@ -28,6 +28,7 @@ from pathlib import Path
 
 from kvinject.data import read_text
 from kvinject.engine.model import resolve_model
+from measurements import add_record_flag, model_label, record
 from tools import find_tool, stamp_before
 
 
@@ -68,6 +69,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8192, help="tokens scored at each length: chunks = max(1, tokens // ctx)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    add_record_flag(ap)
     args = ap.parse_args()
     tool = find_tool("llama-perplexity", args.tools)
     path = resolve_model(args.model)
@@ -91,6 +93,10 @@ def main() -> None:
             speeds = sorted(r[1] / k[1] for r, k in zip(runs["ref"], runs["kvinject"]))
             spread = f"{statistics.median(speeds):.3f} ({speeds[0]:.3f}–{speeds[-1]:.3f})"
             print(f"{ctx:>6}{chunks:>7}{ppl:>10.4f}{ref_s:>9.1f}{s:>11.1f}  {spread}{ref_gb:>10.2f}{gb:>12.2f}{gb / ref_gb:>8.2f}")
+            label = model_label(args.model)
+            what = f"kvinject / llama-perplexity, {label}, ctx {ctx}"
+            record(args, "cpu", f"perplexity {label} ctx{ctx}", f"perplexity speed, {what}", speeds)
+            record(args, "cpu", f"perplexity memory {label} ctx{ctx}", f"perplexity peak memory, {what}", [gb / ref_gb], n=args.repeats)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from kvinject.data import read_text
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions, CacheOptions
 from kvinject.error_models.configuration import Configuration
+from measurements import add_record_flag, model_label, record
 from tools import find_tool, run_tool, spread, stamp_before
 
 
@@ -73,6 +74,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--parallel", type=int, default=None, help="chunks per decode (default: kvinject's; llama-perplexity's -b 2048)")
     ap.add_argument("--cache-type", default="f16")
+    add_record_flag(ap)
     args = ap.parse_args()
     tool = find_tool("llama-perplexity", args.tools)
     model = Model(args.model, BackendOptions(threads=args.threads, parallel=args.parallel))
@@ -109,6 +111,10 @@ def main() -> None:
     # than a ratio of medians on a machine whose speed drifts.
     paired = [clean / noisy for clean, noisy in zip(seconds["none"], seconds["normal:0,0.25"])]
     print(f"injection overhead (normal:0,0.25 / none, paired runs): {spread(paired)}")
+    gpu, key = model.n_gpu_layers > 0, f"perplexity {model_label(args.model)} ctx{args.ctx}"
+    table, chunks = "gpu" if gpu else "cpu", f"ctx {args.ctx}, {len(bench)} chunks"
+    record(args, table, key, f"perplexity speed, kvinject / llama-perplexity, {chunks}", [r / c for r, c in zip(seconds["ref"], seconds["none"])], gpu)
+    record(args, table, f"{key} normal:0,0.25/none", f"perplexity, `normal:0,0.25` / none, {chunks}", paired, gpu)
 
 
 if __name__ == "__main__":

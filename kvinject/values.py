@@ -15,8 +15,8 @@ from typing import Any
 from .exceptions import SpecError
 
 _BOOL = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
-_INT = re.compile(r"[+-]?\d+")
-_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_INT = re.compile(r"[+-]?[0-9]+")  # ASCII digits: \d also matches the Arabic-Indic ones, which int() reads
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def parse_int(name: str, value: object) -> int:

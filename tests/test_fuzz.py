@@ -10,6 +10,7 @@ import math
 import tomllib
 from dataclasses import fields
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from kvinject.engine.target import Target, parse_layers
 from kvinject.error_models import REGISTRY, parse_error
 from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import KvinjectError
+from kvinject.experiments.generate import generate
 from kvinject.experiments.grid import load_grid
 
 # Derandomized: CI checks the same examples every time; explore with --hypothesis-seed=random.
@@ -63,6 +65,38 @@ def test_an_error_spec_parses_to_what_it_says_or_fails_cleanly(spec):
     for f, text in zip([f for f in fields(model)], values):  # no 1_000 read as 1000, no nan
         assert float(text) == float(getattr(model, f.name))
         assert "_" not in text
+
+
+ADVERSARIAL = ["1e10", "1e-400", "1e400", "inf", "-inf", "nan", "0x10", "-0", "1_000", "0.5", "-1", "0", "99999999999999999999", "", "١"]
+
+
+def _mutations() -> list[str]:
+    """Each registered model's documented example with one field at a time replaced by each
+    adversarial number: a first field that is a name (evict's METHOD) keeps the later ones in
+    reach, where random specs never got past it."""
+    out = []
+    for cls in REGISTRY.values():
+        name, _, body = cls.example.partition(":")
+        parts = body.split(",") if body else []
+        for i, part in enumerate(parts):
+            key = part.partition("=")[0] + "=" if "=" in part else ""
+            out += [f"{name}:{','.join([*parts[:i], key + value, *parts[i + 1 :]])}" for value in ADVERSARIAL]
+    return out
+
+
+@pytest.mark.parametrize("spec", _mutations())
+def test_each_field_of_each_documented_example_takes_any_number_cleanly(spec, tiny):
+    """Parsed and run on the tiny model for two tokens: `evict:window,1e10` parsed, then ended
+    in a ValueError traceback where the budget was first used."""
+    try:
+        configuration = Configuration.parse(spec)
+    except KvinjectError:
+        return
+    assert parse_error(configuration.error.spec) == configuration.error
+    try:
+        generate(tiny, "The cat sat on the", [configuration], max_tokens=2, n_ctx=64)
+    except KvinjectError:
+        pass
 
 
 @FAST

@@ -13,6 +13,7 @@ knorm, keydiff, lagkv, expected), as their papers' code defines them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, ClassVar, Sequence
@@ -75,13 +76,13 @@ class Evict(CacheResident):
     def __post_init__(self) -> None:
         if self.method not in OPTIONS:
             raise SpecError(f"'evict': METHOD must be one of {', '.join(OPTIONS)}, got '{self.method}'")
-        try:
-            ratio = Fraction(self.budget)
-        except ValueError:
-            raise SpecError(f"'evict': BUDGET must be a ratio such as 0.25 or a number of tokens such as 256, got '{self.budget}'") from None
+        # Plain decimal text, as kvinject/values.py reads every number: 1e10, 1_000 and 0x10 are refused.
+        if not re.fullmatch(r"[0-9]+|[0-9]+\.[0-9]*|\.[0-9]+", self.budget):
+            raise SpecError(f"'evict': BUDGET must be a ratio such as 0.25 or a number of tokens such as 256, in decimal digits, got '{self.budget}'")
+        ratio = Fraction(self.budget)
         if "." in self.budget and not 0 < ratio <= 1:
             raise SpecError(f"'evict': a ratio BUDGET must be in (0, 1], got {self.budget}")
-        if "." not in self.budget and (ratio.denominator != 1 or ratio < 1):
+        if "." not in self.budget and ratio < 1:
             raise SpecError(f"'evict': a token BUDGET must be an integer >= 1 (a ratio needs a decimal point: 0.5), got {self.budget}")
         if self.query not in (None, "agnostic", "aware"):
             raise SpecError(f"'evict': query must be agnostic (the context compressed before the question) or aware, got '{self.query}'")

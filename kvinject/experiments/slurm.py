@@ -50,7 +50,7 @@ class SlurmOptions:
     def __post_init__(self) -> None:
         if self.tasks < 1:
             raise KvinjectError(f"--tasks must be at least 1, got {self.tasks}")
-        if self.time is not None and not re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", self.time):
+        if self.time is not None and not re.fullmatch(r"([0-9]+-)?[0-9]+(:[0-9]+){0,2}", self.time):
             raise KvinjectError(f"--time takes SLURM's [D-]HH:MM:SS, MM:SS or minutes, e.g. 4:00:00, got '{self.time}'")
         for arg in self.extra:
             if not arg.startswith("-"):

@@ -23,7 +23,7 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one source: pyproject.toml reads it; CONTRIBUTING.md says how a release is made
 
 # name -> module: loaded when first used, so that `import kvinject` (and the command's start) stays light.
 _API = {

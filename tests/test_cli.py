@@ -10,6 +10,9 @@ import sys
 
 import pytest
 
+from kvinject import __version__
+from kvinject.record_format import RECORD_FORMAT
+
 
 def kvinject(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # as when piped from a script
@@ -127,6 +130,7 @@ def test_run_writes_json_records_and_aggregates(tiny_path, tmp_path):
     data = json.loads(output.read_text())
     assert data["meta"]["model_sha256"] and data["meta"]["runs"] == 2 and data["meta"]["seed"] == 0
     assert data["meta"]["parallel"] == 3
+    assert data["meta"]["kvinject"] == __version__ and {(r["format"], r["kvinject"]) for r in data["records"]} == {(RECORD_FORMAT, __version__)}
     assert [(r["label"], r["run"]) for r in data["records"]] == [("none", 0), ("normal:0,0.5", 0), ("normal:0,0.5", 1)]
     assert {a["metric"] for a in data["aggregates"]} >= {"accuracy", "mean_logprob", "diverged"}
     assert csv.read_text().startswith("bench,label,metric")
@@ -236,8 +240,6 @@ def test_generate_shows_columns_only_for_what_got_error(tiny_path, args, shown, 
 
 
 def test_version_as_an_option_and_a_command():
-    from kvinject import __version__
-
     assert [kvinject(*args).stdout for args in (["--version"], ["version"])] == [f"{__version__}\n"] * 2
 
 

@@ -1,6 +1,6 @@
 """Stores written before a change to the code are read, reported and resumed as they were: the
 committed studies' stores (docs/*.results.sqlite) against their tables as `kvinject report
---format csv` printed them when the package was laid out in layers (tests/fixtures/reports/),
+--format csv` printed them at commit 94b901e, kvinject 0.1.0 (tests/fixtures/reports/),
 each study's grid finds nothing left to run in its store (its keys are unchanged), and the
 tables a results page says it generated are what the command prints from the store."""
 

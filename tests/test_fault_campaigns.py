@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import numpy as np
 import pytest
@@ -198,3 +199,8 @@ def test_one_of_several_faults_replays_alone(tmp_path, tiny_path):
     assert replayed["recorded_outcome"] is None, "the record has the outcome of all three together"
     beyond = kvinject("replay", store, "--item", 2, "--fault", 3)
     assert beyond.returncode == 2 and "item 2 recorded 3 faults: give --fault 0..2" in beyond.stderr
+    with sqlite3.connect(store) as db:  # a control of record format 1, which has no tokens
+        db.execute("UPDATE runs SET record = json_remove(record, '$.outputs', '$.format', '$.kvinject') WHERE json_extract(settings, '$.control')")
+    db.close()
+    old = kvinject("replay", store, "--item", 2)
+    assert old.returncode == 2 and "has no generated tokens (written by kvinject 0.1.0 before record format 2)" in old.stderr, old.stderr

@@ -1,6 +1,6 @@
 """The benchmarks' results stay bit-identical to those recorded (tests/fixtures/recorded_results*.json,
 written by tests/recorded_results.py): every metric, per-item value, realized-error statistic,
-token count and response. Recorded from commit b20b749, before the benchmark plug-in refactor;
+token count and response. Recorded at commit b20b749;
 recorded again when the noise generator became kvinject/engine/variates.py, which changed the noisy
 configurations' results and left the others' (none, quant, q8_0) bit-identical; the AVX2 one again
 when chat prompts became the model's own Jinja template (ifeval's prompts gained the template's
@@ -24,7 +24,7 @@ from .recorded_results import record
 RECORDINGS = sorted((Path(__file__).resolve().parent / "fixtures").glob("recorded_results*.json"))
 
 
-def test_results_match_those_recorded_before_the_refactor(tiny):
+def test_results_match_those_recorded(tiny):
     # Another CPU's kernels (AVX-512 against AVX2) round differently: bit-identity holds only on
     # the build and CPU a recording was made on; elsewhere the minute of recording is not spent.
     system = versions()["llama_cpp_system"]

@@ -458,8 +458,8 @@ def gsm8k_records(store) -> dict[str, dict]:
 def test_a_resumed_generation_sweep_takes_the_control_from_the_store(tmp_path, tiny_path):
     """A store that holds the control's run gives later configurations its tokens and scores:
     the control is not generated again (cache-free generation is the slowest configuration),
-    and what is stored equals an uninterrupted sweep's. A control stored without its tokens (an
-    older store) is evaluated again once, and gets them."""
+    and what is stored equals an uninterrupted sweep's. A control stored without its tokens (a
+    record of format 1) is evaluated again once, and gets them."""
     full = tmp_path / "full.toml"
     full.write_text(RESUME_GRID.format(model=tiny_path, specs='["none@f16", "none@bf16"]'))
     first = tmp_path / "first.toml"
@@ -480,7 +480,7 @@ def test_a_resumed_generation_sweep_takes_the_control_from_the_store(tmp_path, t
         assert got[label]["items"] == record["items"], label
     assert "flip_rate" in got["none @bf16"]["metrics"] and "token_match" in got["none @bf16"]["metrics"]
 
-    # An older store: its control's record has no tokens.
+    # Record format 1: the control's record has no tokens.
     with Store(tmp_path / "whole.sqlite") as whole:
         whole._db.execute("UPDATE runs SET record = json_remove(record, '$.outputs')")
         whole._db.execute("DELETE FROM runs WHERE json_extract(settings, '$.label') = 'none @bf16'")

@@ -57,7 +57,7 @@ def aggregate(bench: Benchmark | type[Benchmark], results: list[RunResult], opti
             control_mean = float(np.nanmean(control_values)) if np.isfinite(control_values).any() else math.nan
             item_metric, transform = bench.proxies.get(metric, (metric, None))
             matrix = _matrix(group, item_metric)
-            # Item weights, the same in every run; records stored before they were have none.
+            # Item weights, the same in every run; records before format 3 have none.
             weighing = _matrix(group, bench.weights[metric]) if metric in bench.weights else None
             weights = weighing[0] if weighing is not None else None
             control_matrix = _matrix(control, item_metric)

@@ -29,7 +29,7 @@ DIMENSIONS = ("bit", "field", "format", "layer", "kv", "head", "element", "posit
 def fault_map(records: list[dict[str, Any]], by: list[str]) -> pd.DataFrame:
     """Per model, bench, stored format and value of ``by``: the single-fault injections and the
     rates of each outcome among them, with Wilson's 95% interval for SDC and DUE, and the DUE
-    rate of each cause (``due_nonfinite``...; records made before causes were kept had only
+    rate of each cause (``due_nonfinite``...; records before format 6 knew only
     non-finite logits). Every
     configuration's injections are pooled (each drew its sites uniformly from its own space;
     ``report --filter error=...`` takes one)."""
@@ -45,7 +45,7 @@ def fault_map(records: list[dict[str, Any]], by: list[str]) -> pd.DataFrame:
         for i, sites in enumerate(faults):
             if sites is None or len(sites) != 1:
                 continue
-            site = {"stage": "prompt"} | sites[0]  # faults recorded before stages were named all lay in prompts
+            site = {"stage": "prompt"} | sites[0]  # record formats before 5 name no stage: their faults all lay in prompts
             key = (record["settings"].get("model"), record["settings"]["bench"], site["format"], *(site[b] for b in by))
             outcomes = rows.setdefault(key, {o: [] for o in [*OUTCOMES, *CAUSED]})
             for o in OUTCOMES:

@@ -251,8 +251,8 @@ class GenerationBenchmark(Benchmark):
             raise SpecError(f"recompute generates greedily: {cls.name} needs --temperature 0 with it")
 
     def golden(self, record: dict[str, Any]) -> Golden | None:
-        """The record's tokens and primary scores; None for a record stored without its tokens
-        (before session 10)."""
+        """The record's tokens and primary scores; None for a record without its tokens (record
+        format 1, kvinject/record_format.py)."""
         if "outputs" not in record or self.primary not in record["items"]:
             return None
         scores = [math.nan if v is None else v for v in record["items"][self.primary]]  # NaN is stored as null

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 # name -> higher is better
 METRICS = {"masked": True, "benign": False, "sdc": False, "due": False}
-# what made an item DUE (Benchmark.due); records from before session 21 knew only nonfinite
+# what made an item DUE (Benchmark.due); records before format 6 knew only nonfinite
 CAUSES = ("nonfinite", "raised", "timeout")
 
 

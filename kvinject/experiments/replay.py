@@ -19,6 +19,7 @@ from ..engine.batching import generate_all
 from ..engine.model import Model, file_sha256, resolve_model
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
+from ..record_format import unstamped
 from .executor import generation_context
 
 
@@ -65,6 +66,11 @@ def replay(record: dict[str, Any], control: dict[str, Any], item: int, fault: in
             raise KvinjectError(f"item {item} recorded {len(recorded)} faults: give --fault 0..{len(recorded) - 1}")
         config = replace(config, error=replace(config.error, only=fault))
         recorded = [recorded[fault]]
+    golden = bench.golden(control)  # its tokens and scores, as the run classified against them
+    if golden is None:
+        raise KvinjectError(
+            f"the control of {record['label']} has no generated tokens ({unstamped(2)}): no outcomes to replay; run the campaign again into a new store"
+        )
     path = resolve_model(model_path or s.get("model"))
     if file_sha256(path) != s["model_sha256"]:
         raise KvinjectError(f"{path} is not the model file the record was made with (its sha256 differs): give that file with --model")
@@ -74,9 +80,6 @@ def replay(record: dict[str, Any], control: dict[str, Any], item: int, fault: in
         with generation_context(model, config, s["seed"], record["run"], per_seq, 1) as ctx:
             ((_, gen),) = generate_all(ctx, [prompts[item]], max_tokens, bench.temperature, stop=bench.stop(model), items=[item])
         scores = bench.summarize([bench.score(item, gen)])[1][bench.primary]
-    golden = bench.golden(control)  # its tokens and scores, as the run classified against them
-    if golden is None:
-        raise KvinjectError(f"the control of {record['label']} was stored without its tokens (before session 10): its outcomes cannot be replayed")
     outcomes = classify(
         [golden.outputs[item]], [golden.items[bench.primary][item]], [gen.tokens], scores, [bench.due(gen)], bench.higher_is_better[bench.primary]
     )

@@ -28,6 +28,7 @@ from typing import Any, Self
 
 from ..exceptions import KvinjectError
 from ..jsonutil import clean
+from ..record_format import stamp
 
 APPLICATION_ID = int.from_bytes(b"kvij", "big")
 SCHEMA_VERSION = 1  # runs.worker and the claims table; the unstamped stores of earlier versions have neither
@@ -199,10 +200,11 @@ class Store:
             return {(cell, run) for cell, run in self._db.execute("SELECT cell, run FROM runs")}
 
     def add(self, cell: str, run: int, settings: dict[str, Any], record: dict[str, Any], worker: Worker | None = None) -> bool:
-        """Insert one finished run; False when it was already there (another process, a resume)."""
+        """Insert one finished run, stamped with its record format; False when it was already
+        there (another process, a resume)."""
         cursor = self._db.execute(
             "INSERT OR IGNORE INTO runs (cell, run, settings, record, worker) VALUES (?, ?, ?, ?, ?)",
-            (cell, run, json.dumps(clean(settings), sort_keys=True), json.dumps(clean(record)), worker and str(worker)),
+            (cell, run, json.dumps(clean(settings), sort_keys=True), json.dumps(clean(stamp(record))), worker and str(worker)),
         )
         return cursor.rowcount == 1
 
@@ -213,8 +215,8 @@ class Store:
         return json.loads(row[0]) if row else None
 
     def add_outputs(self, cell: str, run: int, outputs: list[list[int]]) -> None:
-        """Give a run stored without its generated tokens (before session 10) those of the
-        same run evaluated again."""
+        """Give a run stored without its generated tokens (record format 1) those of the same
+        run evaluated again."""
         with self._errors():
             self._db.execute(
                 "UPDATE runs SET record = json_set(record, '$.outputs', json(?)) WHERE cell = ? AND run = ? AND json_extract(record, '$.outputs') IS NULL",

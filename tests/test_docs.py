@@ -1,0 +1,144 @@
+"""The documentation stays true to the code: every `kvinject ...` command that README.md and
+docs/ show (in code blocks and inline code) names a command that exists and only flags that
+command takes, and every relative link, repository path and Python name they name exists."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+import typer.main
+
+from kvinject.cli.app import app
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+INLINE = re.compile(r"`([^`\n]+)`")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# A path in the repository, as the pages name them (from its root): docs/faults.md, kvinject/engine/hook.py.
+PATH = re.compile(r"(?<![\w./-])((?:docs|examples|kvinject|tests|perf)/[\w./-]*\w)")
+# What a command writes, not the repository holds: a sweep's default store, a report's plot.
+WRITTEN = re.compile(r"^examples/[\w-]+\.(results\.sqlite|slurm)$|\.png$|\.csv$")
+# Where a page's command or path is a placeholder the user fills in.
+PLACEHOLDER = re.compile(r"[A-Z]{2,}|\.\.\.|…|[*{}<>$]")
+# A name in the Python API: kvinject.Model, kvinject.engine.cache_free.one_pass (not a file such as kvinject.json).
+NAME = re.compile(r"(?<![\w./-])(kvinject(?:\.[A-Za-z_]\w*)+)(?![\w/-])")
+FILES = {"kvinject.json"}
+
+COMMAND = typer.main.get_command(app)
+
+
+def commands(text: str) -> list[str]:
+    """The `kvinject ...` command lines of a page: the lines of its code blocks (continued with
+    a backslash) and its inline code that start with ``kvinject``."""
+    found = []
+    for block in FENCED.findall(text):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = " ".join(line.split()).removeprefix("$ ")
+            found += [line] if line.startswith("kvinject ") else []
+    outside = FENCED.sub("", text)
+    return found + [code for code in INLINE.findall(outside) if code.startswith("kvinject ")]
+
+
+def command_problem(line: str) -> str | None:
+    """Why ``line`` would not parse as a kvinject command (a command that does not exist, a
+    flag the command does not take), or None."""
+    line = line.split(" #")[0]  # a comment after the command
+    try:
+        words = shlex.split(line)[1:]
+    except ValueError:
+        words = line.split()[1:]
+    words = [w.strip("[]|") for w in words if w not in ("...", "…")]  # [--flag] says it is optional
+    if not words or words[0].startswith("-"):
+        return _flags_problem(COMMAND, words, "kvinject")
+    if words[0] not in COMMAND.commands:
+        return f"no command '{words[0]}'"
+    command = COMMAND.commands[words[0]]
+    if command.context_settings.get("ignore_unknown_options"):  # lm-eval: its options are lm-eval's
+        return None
+    return _flags_problem(command, words[1:], f"kvinject {words[0]}")
+
+
+def _flags_problem(command: click.Command, words: list[str], name: str) -> str | None:
+    known = {opt for p in command.get_params(click.Context(command)) for opt in (*p.opts, *p.secondary_opts)}
+    for word in words:
+        flag = word.split("=")[0]
+        if re.fullmatch(r"--?[A-Za-z][\w-]*", flag) and flag not in known:
+            return f"{name} has no option {flag}"
+    return None
+
+
+def path_problems(page: Path, text: str) -> list[str]:
+    """The relative links of ``page`` and the repository paths it names that do not exist."""
+    problems = []
+    for target in LINK.findall(text):
+        target = target.split("#")[0]
+        if target and not re.match(r"^[a-z]+:", target) and not (page.parent / target).exists():
+            problems.append(f"link to {target}")
+    for path in PATH.findall(text):
+        path = path.rstrip(".")
+        if not PLACEHOLDER.search(path) and not WRITTEN.search(path) and not (ROOT / path).exists():
+            problems.append(f"path {path}")
+    for name in NAME.findall(text):
+        if name not in FILES and not _resolves(name):
+            problems.append(f"name {name}")
+    return problems
+
+
+def _resolves(name: str) -> bool:
+    """Whether ``name`` is a module of kvinject or an attribute of one."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        return all((obj := getattr(obj, attr, None)) is not None for attr in parts[i:])
+    return False
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_command_a_page_shows_parses(page):
+    problems = [f"`{line}`: {why}" for line in commands(page.read_text()) if (why := command_problem(line))]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_link_and_path_a_page_names_exists(page):
+    problems = path_problems(page, page.read_text())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_checks_find_a_broken_command_link_and_path():
+    page = """
+Run `kvinject sweep examples/faults.toml --dry-run`, then:
+
+```bash
+kvinject report docs/faults.results.sqlite \\
+    --metric masked --no-such-flag
+kvinject frobnicate
+```
+
+See [the faults](faults.md), [nowhere](no-such-page.md), kvinject/engine/no_such_module.py,
+`kvinject.engine.cache_free.one_pass` and `kvinject.engine.cache_free.no_such_function`.
+"""
+    lines = commands(page)
+    assert lines == [
+        "kvinject report docs/faults.results.sqlite --metric masked --no-such-flag",
+        "kvinject frobnicate",
+        "kvinject sweep examples/faults.toml --dry-run",
+    ]
+    assert [command_problem(line) for line in lines] == ["kvinject report has no option --no-such-flag", "no command 'frobnicate'", None]
+    assert command_problem("kvinject sweep GRID.toml [--dry-run] [--frobnicate]") == "kvinject sweep has no option --frobnicate"
+    assert command_problem("kvinject --version") is None and command_problem("kvinject --verbose") == "kvinject has no option --verbose"
+    assert path_problems(ROOT / "docs" / "page.md", page) == [
+        "link to no-such-page.md",
+        "path kvinject/engine/no_such_module.py",
+        "name kvinject.engine.cache_free.no_such_function",
+    ]

@@ -23,6 +23,8 @@ INLINE = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # A path in the repository, as the pages name them (from its root): docs/faults.md, kvinject/engine/hook.py.
 PATH = re.compile(r"(?<![\w./-])((?:docs|examples|kvinject|tests|perf)/[\w./-]*\w)")
+# A module named from the package's root (docs/architecture.md): engine/hook.py.
+MODULE = re.compile(r"(?<![\w./-])((?:engine|error_models|benchmarks|experiments|analysis|cli|lmeval)/[\w./-]*\.py)\b")
 # What a command writes, not the repository holds: a sweep's default store, a report's plot.
 WRITTEN = re.compile(r"^examples/[\w-]+\.(results\.sqlite|slurm)$|\.png$|\.csv$")
 # Where a page's command or path is a placeholder the user fills in.
@@ -85,6 +87,7 @@ def path_problems(page: Path, text: str) -> list[str]:
         path = path.rstrip(".")
         if not PLACEHOLDER.search(path) and not WRITTEN.search(path) and not (ROOT / path).exists():
             problems.append(f"path {path}")
+    problems += [f"module kvinject/{path}" for path in MODULE.findall(text) if not (ROOT / "kvinject" / path).exists()]
     for name in NAME.findall(text):
         if name not in FILES and not _resolves(name):
             problems.append(f"name {name}")
@@ -125,7 +128,7 @@ kvinject report docs/faults.results.sqlite \\
 kvinject frobnicate
 ```
 
-See [the faults](faults.md), [nowhere](no-such-page.md), kvinject/engine/no_such_module.py,
+See [the faults](faults.md), [nowhere](no-such-page.md), kvinject/engine/no_such_module.py, engine/hook.py, engine/hooks.py,
 `kvinject.engine.cache_free.one_pass` and `kvinject.engine.cache_free.no_such_function`.
 """
     lines = commands(page)
@@ -140,5 +143,6 @@ See [the faults](faults.md), [nowhere](no-such-page.md), kvinject/engine/no_such
     assert path_problems(ROOT / "docs" / "page.md", page) == [
         "link to no-such-page.md",
         "path kvinject/engine/no_such_module.py",
+        "module kvinject/engine/hooks.py",
         "name kvinject.engine.cache_free.no_such_function",
     ]

@@ -218,3 +218,17 @@ def test_a_steps_greedy_picks_are_each_rows_and_nonfinite_rows_are_left_to_the_s
     assert picks == [int(np.argmax(r)) if np.isfinite(r).all() else None for r in rows]
     assert picks[1:4] == [None, None, None] and picks[4] == 0
     assert _picks(given, 6, 0.7)[1] == [None] * 6, "sampling picks in the step, from its sequence's generator"
+
+
+def test_a_fault_campaign_classifies_every_item_alike_sequentially_and_in_parallel(tiny_q4):
+    """faults:K places its faults per item and keeps its cells in a stream of the item's own:
+    at --parallel 4 every item gets the faults, tokens and outcome it gets at --parallel 1
+    (what docs/faults.md tells campaigns)."""
+    configs = [Configuration.parse(c) for c in ("none", "faults:1", "faults:1,bit=14", "faults:1@bf16", "faults:1,field=scale@q8_0")]
+    results = {}
+    for n in (1, 4):
+        with Model(str(tiny_q4.path), BackendOptions(parallel=n)) as model:
+            results[n] = [(r.config.label, r.faults, r.outputs, r.items) for r in run(model, [NextToken(limit=16)], configs, runs=1, seed=0)]
+    assert repr(results[4]) == repr(results[1])  # NaN scores (a DUE item's) compare as text
+    outcomes = [o for label, _, _, items in results[1] if label != "none" for o in ("masked", "benign", "sdc", "due") if any(items[o])]
+    assert len(set(outcomes)) > 1, "the test needs faults with different outcomes"

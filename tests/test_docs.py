@@ -1,5 +1,5 @@
-"""The documentation stays true to the code: every `kvinject ...` command that README.md and
-docs/ show (in code blocks and inline code) names a command that exists and only flags that
+"""The documentation stays true to the code: every `kvinject ...` command that README.md,
+CONTRIBUTING.md and docs/ show (in code blocks and inline code) names a command that exists and only flags that
 command takes, and every relative link, repository path and Python name they name exists."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import typer.main
 from kvinject.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # A path in the repository, as the pages name them (from its root): docs/faults.md, kvinject/engine/hook.py.
-PATH = re.compile(r"(?<![\w./-])((?:docs|examples|kvinject|tests|perf)/[\w./-]*\w)")
+PATH = re.compile(r"(?<![\w./-])((?:docs|examples|kvinject|tests|perf)/[\w./*{}-]*[\w*}])")  # a glob or {i} stays whole: a placeholder
 # A module named from the package's root (docs/architecture.md): engine/hook.py.
 MODULE = re.compile(r"(?<![\w./-])((?:engine|error_models|benchmarks|experiments|analysis|cli|lmeval)/[\w./-]*\.py)\b")
 # What a command writes, not the repository holds: a sweep's default store, a report's plot.

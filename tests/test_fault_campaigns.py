@@ -27,7 +27,7 @@ from .tiny_model import N_HEAD_KV, TINY
         (0.05, 0.95, 1000, 278),
         (0.05, 0.95, 10000, 370),
         (0.05, 0.95, None, 385),  # 384.1 for an unbounded population
-        (0.03, 0.95, None, 1068),  # 1067.1: ±3% at 95%, as issue 34's campaign
+        (0.03, 0.95, None, 1068),  # 1067.1: ±3% at 95%, as examples/fault-campaign.toml's
         (0.01, 0.99, None, 16588),  # 2.5758² / 4 / 0.01² = 16587.2
     ],
 )

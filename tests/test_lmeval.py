@@ -327,7 +327,7 @@ def test_faults_are_placed_in_each_request_s_context(tiny_path):
 def test_a_pass_fail_headline_gets_wilson_and_exact_mcnemar_a_graded_one_the_bootstrap_and_wilcoxon():
     """The lmeval bench's score is pass/fail for acc, exact_match and IFEval's prompt-level
     accuracies, graded for f1 and the like: its tests follow the values, as kvinject's own benches
-    declare theirs (issue 31's IFEval run: 13 of 100 prompts right, 7 under normal:0,0.25, b=10, c=4)."""
+    declare theirs (docs/lm-eval.md's IFEval run: 13 of 100 prompts right, 7 under normal:0,0.25, b=10, c=4)."""
     from kvinject.analysis.aggregate import aggregate
     from kvinject.benchmarks.base import RunResult
     from kvinject.benchmarks.lmeval import LMEval

@@ -1,6 +1,7 @@
 """The documentation stays true to the code: every `kvinject ...` command that README.md,
 CONTRIBUTING.md and docs/ show (in code blocks and inline code) names a command that exists and only flags that
-command takes, and every relative link, repository path and Python name they name exists."""
+command takes, every grid they show loads, and every relative link, repository path and Python
+name they name exists."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 import typer.main
 
 from kvinject.cli.app import app
+from kvinject.exceptions import KvinjectError
+from kvinject.experiments.grid import load_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -34,6 +37,7 @@ NAME = re.compile(r"(?<![\w./-])(kvinject(?:\.[A-Za-z_]\w*)+)(?![\w/-])")
 FILES = {"kvinject.json"}
 
 COMMAND = typer.main.get_command(app)
+GRID_BLOCK = re.compile(r"^```toml\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def commands(text: str) -> list[str]:
@@ -106,6 +110,28 @@ def _resolves(name: str) -> bool:
     return False
 
 
+def grid_problems(text: str, folder: Path) -> list[str]:
+    """Why the grids (TOML blocks with [sweep], [bench...] or [[errors]]) of a page would not
+    load; a fragment is completed with the default model and a bench."""
+    problems = []
+    for i, block in enumerate(b for b in GRID_BLOCK.findall(text) if re.search(r"^\[(sweep|bench\.|\[errors)", b, re.MULTILINE)):
+        if "[sweep]" not in block:
+            block = '[sweep]\nmodels = ["smollm2"]\n' + ("" if "[bench." in block else "[bench.nexttoken]\n") + block
+        path = folder / f"grid{i}.toml"
+        path.write_text(block)
+        try:
+            load_grid(path)
+        except KvinjectError as e:
+            problems.append(str(e).replace(str(path), f"grid {i}"))
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_grid_a_page_shows_loads(page, tmp_path):
+    problems = grid_problems(page.read_text(), tmp_path)
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_command_a_page_shows_parses(page):
     problems = [f"`{line}`: {why}" for line in commands(page.read_text()) if (why := command_problem(line))]
@@ -116,6 +142,12 @@ def test_every_command_a_page_shows_parses(page):
 def test_every_link_and_path_a_page_names_exists(page):
     problems = path_problems(page, page.read_text())
     assert not problems, "\n".join(problems)
+
+
+def test_the_checks_find_a_grid_that_does_not_load(tmp_path):
+    page = '```toml\n[[errors]]\nmodel = "bitflip"\np = 0.0001\n```\n\n```toml\n[sweep]\nmodel = ["smollm2"]\n```\n'
+    (problem,) = grid_problems(page, tmp_path)
+    assert problem.startswith("grid 1: [sweep] has no key 'model'")
 
 
 def test_the_checks_find_a_broken_command_link_and_path():

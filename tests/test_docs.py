@@ -6,8 +6,11 @@ name they name exists."""
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -142,6 +145,33 @@ def test_every_command_a_page_shows_parses(page):
 def test_every_link_and_path_a_page_names_exists(page):
     problems = path_problems(page, page.read_text())
     assert not problems, "\n".join(problems)
+
+
+# docs/extending.md's two examples as the modules they say they are, run on the tiny model: the
+# benchmark under the control and the error model, whose values must reach the cache.
+EXAMPLES = """
+import importlib.util, json, re, sys
+from pathlib import Path
+blocks = re.findall(r"^```python\\n(.*?)^```", Path("docs/extending.md").read_text(), re.MULTILINE | re.DOTALL)
+for package, code in zip(("kvinject.benchmarks", "kvinject.error_models"), blocks, strict=True):
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(f"{package}.from_docs", loader=None))
+    module.__package__ = package
+    sys.modules[module.__name__] = module
+    exec(compile(code, "docs/extending.md", "exec"), module.__dict__)
+import kvinject
+with kvinject.Model(sys.argv[1]) as model:
+    bench = kvinject.make_bench("copy", {"limit": 2, "words": 3})
+    results = list(kvinject.run(model, [bench], kvinject.configurations("none", ["bf16"]), runs=1))
+print(json.dumps([[r.config.label, sorted(r.metrics), r.realized.k.changed] for r in results]))
+"""
+
+
+def test_the_extension_examples_run(tiny_path):
+    out = subprocess.run([sys.executable, "-c", EXAMPLES, str(tiny_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    (label, metrics, changed), (rounding, rounded_metrics, rounded) = json.loads(out.stdout)
+    assert (label, rounding) == ("none", "bf16") and "exact" in metrics and "exact" in rounded_metrics
+    assert changed == 0 and rounded > 0, "bf16 reached the cache, the control did not"
 
 
 def test_the_checks_find_a_grid_that_does_not_load(tmp_path):

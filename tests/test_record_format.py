@@ -4,12 +4,16 @@ resumed unchanged, and docs/grid-format.md lists the formats the code knows."""
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from kvinject import __version__
 from kvinject.analysis.report import load_records, summarize
+from kvinject.exceptions import KvinjectError
 from kvinject.experiments.grid import load_grid
 from kvinject.experiments.store import Store
 from kvinject.experiments.sweep import Sweep
@@ -76,3 +80,10 @@ def test_the_docs_list_every_record_format():
     table = {int(n): what for n, what in re.findall(r"^\| (\d+) \| [^|]+ \| (.+) \|$", page, re.MULTILINE)}
     assert table == FORMATS
     assert max(FORMATS) == RECORD_FORMAT
+
+
+def test_a_run_output_of_kvinject_0_1_0_without_options_says_to_run_again(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"meta": {"configurations": [{"label": "none", "error": "none"}]}, "records": []}))
+    with pytest.raises(KvinjectError, match="written by kvinject 0.1.0 before `run --output` recorded the benches' options.*run it again"):
+        load_records([path])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kvinject import __version__ as kvinject_version
 from kvinject.experiments.slurm import SlurmRun
 from kvinject.experiments.store import Store
 
@@ -117,8 +118,10 @@ def test_a_grid_on_slurm_runs_each_cell_once_and_reports_as_a_local_sweep(cluste
     assert _wait(lambda: not queued(cluster, job), 300), "the array did not finish in 5 minutes"
     status = kvinject("sweep", tmp_path / "grid.slurm", "--status", env=cluster, cwd=tmp_path)
     assert status.returncode == 0 and "every task is finished" in status.stdout, status.stdout + status.stderr
-    tasks = SlurmRun.open(tmp_path / "grid.slurm").status()  # two cell groups in three tasks: one or two have none, not submitted
+    run = SlurmRun.open(tmp_path / "grid.slurm")
+    tasks = run.status()  # two cell groups in three tasks: one or two have none, not submitted
     assert len(tasks) == 3 and all(t.state == ("COMPLETED" if t.cells else "not submitted") for t in tasks) and any(t.cells for t in tasks)
+    assert [s["kvinject"] for s in run.submissions] == [kvinject_version]
     on_slurm = records(tmp_path / "grid.slurm")
     local = tmp_path / "local.sqlite"
     assert kvinject("sweep", grid, "--store", local, env=cluster, cwd=tmp_path).returncode == 0

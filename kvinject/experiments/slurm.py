@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import __version__
 from ..exceptions import KvinjectError
 from .grid import MAX_CELLS, Grid, load_grid
 from .store import Store
@@ -86,7 +87,7 @@ class SlurmRun:
     tasks: int
     workdir: Path
     max_cells: int = MAX_CELLS
-    submissions: list[dict] = field(default_factory=list)  # {"job": id, "tasks": [...], "time": epoch seconds}
+    submissions: list[dict] = field(default_factory=list)  # {"job": id, "tasks": [...], "time": epoch seconds, "kvinject": version}
 
     @classmethod
     def create(cls, grid: Path, folder: Path, options: SlurmOptions) -> SlurmRun:
@@ -156,7 +157,7 @@ class SlurmRun:
         indices = ",".join(str(t) for t in tasks)
         out = _scheduler(["sbatch", "--parsable", f"--array={indices}", str(self.folder / SCRIPT)])
         job = out.strip().split(";")[0]  # --parsable: JOBID[;CLUSTER]
-        self.submissions.append({"job": job, "tasks": tasks, "time": round(time.time())})
+        self.submissions.append({"job": job, "tasks": tasks, "time": round(time.time()), "kvinject": __version__})
         self.save()
         return job
 

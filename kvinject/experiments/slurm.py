@@ -3,7 +3,7 @@
 across nodes), the submissions made, and what each task has done and left.
 
 The run folder holds ``job.sh``, ``run.json`` (the grid, the number of tasks and every
-submission's job id and tasks), ``logs/taskI.log`` and ``shardIofN.results.sqlite``. Array task
+submission's job id, tasks and kvinject version), ``logs/taskI.log`` and ``shardIofN.results.sqlite``. Array task
 i always runs shard i/n of the grid, so a resubmitted task resumes its own store."""
 
 from __future__ import annotations

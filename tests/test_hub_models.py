@@ -16,7 +16,7 @@ def offline(**kwargs):
 
 def test_a_downloaded_file_is_used_without_asking_the_hub(tmp_path, tiny_path, monkeypatch):
     """Laid out as huggingface_hub caches a download (refs/main names the snapshot), the file is
-    found with the Hub unreachable; it had been asked first, with half a minute of retries."""
+    found with the Hub unreachable, without asking it first (half a minute of retries offline)."""
     repo = tmp_path / "models--owner--repo"
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text("0123abcd")

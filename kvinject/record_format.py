@@ -22,7 +22,7 @@ FORMATS = {
     3: "IFEval's instructions per prompt (`instructions`), which weigh its instruction-level intervals",
     4: "`bitflip` and `faults` count the flipped values in the realized statistics, no longer also the rounding to fp16",
     5: "each recorded fault names its `stage`, `prompt` or `generated`",
-    6: "each DUE item's cause (`due_nonfinite`, `due_raised`, `due_timeout`); the record carries `format` and `kvinject`",
+    6: "each DUE item's cause (`due_nonfinite`, `due_raised`, `due_timeout`); from kvinject 0.2.0, `format` and `kvinject` in the record",
 }
 
 

@@ -37,7 +37,7 @@ def test_bits_of_a_configuration(spec: str, expected: float) -> None:
 
 
 def test_bits_count_only_the_targeted_components_and_layers() -> None:
-    assert bits("float:e4m3", target="v") == pytest.approx((16 + 8) / 2)  # seed 003's K16/V8
+    assert bits("float:e4m3", target="v") == pytest.approx((16 + 8) / 2)  # K16/V8: keys at 16 bits, values in fp8
     assert bits("quant:4", layers="0") == pytest.approx((4.5 + 3 * 16 + 4.5 + 3 * 16) / 8)  # K and V of layer 0 of 4
     # A row's components weigh: K of 64 at 4.5 bits, V of 192 at 16.
     assert bits("quant:4", target="k", head_dim_v=192) == pytest.approx((64 * 4.5 + 192 * 16) / 256)

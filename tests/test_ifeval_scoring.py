@@ -249,5 +249,5 @@ def test_one_prompt_twice_with_other_instructions_cannot_be_scored_by_prompt(tmp
 def test_data_without_a_prompt_is_named(tmp_path):
     """`score ifeval --data EMPTY --responses R` blamed R's first line."""
     (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(DataError, match=r"empty.jsonl holds no IFEval prompt$"):
+    with pytest.raises(DataError, match=r"empty.jsonl leaves no item to evaluate for ifeval$"):
         load_items(str(tmp_path / "empty.jsonl"))

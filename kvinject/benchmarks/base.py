@@ -271,7 +271,7 @@ def token_divergence(control: list[list[int]], outputs: list[list[int]]) -> tupl
     """Share of outputs that differ from the control's, the mean token position of the first
     difference among those (the FP16-vs-FP32 cache studies measure exactly this), and the mean
     share of token positions where output and control agree, over the longer of the two (the
-    token match by which eviction studies such as seed 004's compare with the full cache); with
+    token match by which eviction studies such as The Residual Stream Is All You Need's compare with the full cache); with
     each item's ``diverged`` and ``token_match``, whose intervals are then over items."""
     firsts, matches, diverged = [], [], []
     for a, b in zip(control, outputs):

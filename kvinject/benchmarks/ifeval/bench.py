@@ -29,7 +29,7 @@ def load_items(data: str | None) -> list[IFEvalItem]:
     else:
         items = read_items(Path(data) if data is not None else bench_data(DEFAULT_DATA))
     if not items:
-        raise DataError(f"{data} holds no IFEval prompt")
+        raise DataError(f"{data} leaves no item to evaluate for ifeval")
     return items
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from kvinject.analysis.faults import fault_map
 from kvinject.analysis.report import control_of, load_records
+from kvinject.error_models.configuration import Configuration
 from kvinject.experiments.replay import replay
 
 from .cli_runs import kvinject, swept
@@ -24,6 +25,7 @@ SPECS = [
     "faults:1,kind=double,ecc=secded",
     "faults:1,kind=word,ecc=secded",
     "faults:1,ecc=secded",
+    "faults:1,kind=burst,bits=6,ecc=secded@q8_0",
 ]
 
 
@@ -52,10 +54,10 @@ def test_each_fault_model_is_recorded_and_mapped(campaign):
     assert table.loc[table["field"] == "sign+exponent+mantissa", "faults"].sum() >= 6 * 2, "whole values: random and zero"
 
 
-@pytest.mark.parametrize("spec", ["faults:1,kind=burst,bits=6", "faults:1,kind=zero", "faults:1,kind=stuck1", "faults:1,kind=word,ecc=secded"])
+@pytest.mark.parametrize("spec", SPECS)
 def test_a_fault_model_s_item_replays_as_recorded(campaign, spec):
     store, records = campaign
-    record = next(r for r in records if not r["settings"]["control"] and r["label"].startswith(spec.replace("faults:1", "faults:1,field=any")))
+    record = next(r for r in records if r["label"] == Configuration.parse(spec).label)
     # the item the fault changed most: one not masked where there is one
     item = next((i for i, m in enumerate(record["items"]["masked"]) if not m), 0)
     replayed = replay(record, control_of(records, record), item)
@@ -69,17 +71,17 @@ def test_fit_scales_each_factor_by_the_cache_s_bits(campaign):
     interval the factor's alike; a map by layer splits it into rows that add up to it."""
     store, _ = campaign
     whole = json.loads(kvinject("report", store, "--faults", "format", "--fit-per-mbit", 1000, "--ctx", 4096, "--format", "json").stdout)
-    mbit = TINY.n_layer * TINY.n_head_kv * 2 * TINY.head_dim * 4096 * 16 / 2**20
     assert len(whole) == len(SPECS)
     for row in whole:
+        mbit = TINY.n_layer * TINY.n_head_kv * 2 * TINY.head_dim * 4096 * {"f16": 16, "q8_0": 8.5}[row["format"]] / 2**20
         assert row["mbit"] == pytest.approx(mbit)
         for o in ("sdc", "due"):
             assert row[f"{o}_fit"] == pytest.approx(1000 * mbit * row[o])
             assert row[f"{o}_fit_low"] == pytest.approx(1000 * mbit * row[f"{o}_low"]) and row[f"{o}_fit_high"] == pytest.approx(1000 * mbit * row[f"{o}_high"])
     by_layer = json.loads(kvinject("report", store, "--faults", "layer", "--fit-per-mbit", 1000, "--ctx", 4096, "--format", "json").stdout)
     for row in whole:
-        parts = [r for r in by_layer if (r["kind"], r["ecc"]) == (row["kind"], row["ecc"])]
-        assert sum(r["due_fit"] for r in parts) == pytest.approx(row["due_fit"]) and sum(r["mbit"] for r in parts) == pytest.approx(mbit)
+        parts = [r for r in by_layer if (r["format"], r["kind"], r["ecc"]) == (row["format"], row["kind"], row["ecc"])]
+        assert sum(r["due_fit"] for r in parts) == pytest.approx(row["due_fit"]) and sum(r["mbit"] for r in parts) == pytest.approx(row["mbit"])
     alone = kvinject("report", store, "--fit-per-mbit", 1000, "--ctx", 4096)
     assert alone.returncode == 2 and "give --faults too" in alone.stderr
     half = kvinject("report", store, "--faults", "format", "--fit-per-mbit", 1000)

@@ -179,6 +179,13 @@ def _fault_map(records: list, by: list[str], output_format: str, plot: Path | No
         highlight=False,
         soft_wrap=True,
     )
+    if fit is not None:
+        console.print(
+            f"mbit: each row's share of the KV cache at {fit[1]} tokens; sdc_fit, due_fit: expected FIT at {fit[0]:g} FIT per Mbit raw (docs/faults.md)",
+            style="dim",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _board(records: list, output_format: str) -> None:

@@ -35,6 +35,7 @@ def test_each_item_gets_the_outcome_its_definition_says():
         "due_nonfinite": [0, 0, 0, 0, 1],
         "due_raised": [0, 0, 0, 0, 0],
         "due_timeout": [0, 0, 0, 1, 0],
+        "due_ecc_detected": [0, 0, 0, 0, 0],
     }
     lower = classify(golden[:2], [2.0, 2.0], tokens[:2], [2.0, 3.0], ["", ""], higher_is_better=False)
     assert set(lower) == {"masked", "benign", "sdc", "due"}, "no item DUE: no causes stored"

@@ -24,6 +24,8 @@ from .stats import proportion_ci
 CAUSED = [f"due_{c}" for c in CAUSES]
 # What a map can be drawn by: the fields of a recorded fault.
 DIMENSIONS = ("bit", "field", "format", "layer", "kv", "head", "element", "position", "stage")
+# A map's rows are also split by fault model and ECC (columns "kind" and "ecc" where any is not a
+# single flip without ECC): injections of different models do not pool.
 
 
 def fault_map(records: list[dict[str, Any]], by: list[str]) -> pd.DataFrame:
@@ -46,7 +48,8 @@ def fault_map(records: list[dict[str, Any]], by: list[str]) -> pd.DataFrame:
             if sites is None or len(sites) != 1:
                 continue
             site = {"stage": "prompt"} | sites[0]  # record formats before 5 name no stage: their faults all lay in prompts
-            key = (record["settings"].get("model"), record["settings"]["bench"], site["format"], *(site[b] for b in by))
+            scheme = "secded" if "ecc" in site else "none"
+            key = (record["settings"].get("model"), record["settings"]["bench"], site["format"], site.get("kind", "flip"), scheme, *(site[b] for b in by))
             outcomes = rows.setdefault(key, {o: [] for o in [*OUTCOMES, *CAUSED]})
             for o in OUTCOMES:
                 outcomes[o].append(items[o][i])
@@ -57,13 +60,16 @@ def fault_map(records: list[dict[str, Any]], by: list[str]) -> pd.DataFrame:
     out = []
     for key in sorted(rows, key=lambda k: tuple(map(str, k[:2])) + k[2:]):
         outcomes = rows[key]
-        row: dict[str, Any] = {"model": key[0], "bench": key[1], "format": key[2], **dict(zip(by, key[3:])), "faults": len(outcomes["sdc"])}
+        row: dict[str, Any] = {"model": key[0], "bench": key[1], "format": key[2], "kind": key[3], "ecc": key[4], **dict(zip(by, key[5:]))}
+        row["faults"] = len(outcomes["sdc"])
         for o in [*OUTCOMES, *CAUSED]:
             row[o] = sum(outcomes[o]) / len(outcomes[o])
         for o in ("sdc", "due"):
             row[f"{o}_ci"] = list(proportion_ci(outcomes[o]))
         out.append(row)
-    return pd.DataFrame(out)
+    table = pd.DataFrame(out)
+    # The fault model and ECC are columns where any fault differs from a single flip without ECC.
+    return table.drop(columns=[c for c, plain in (("kind", "flip"), ("ecc", "none")) if (table[c] == plain).all()])
 
 
 def readable(table: pd.DataFrame, digits: int) -> pd.DataFrame:
@@ -71,14 +77,16 @@ def readable(table: pd.DataFrame, digits: int) -> pd.DataFrame:
     'cause count' column."""
     g = f".{digits}g"
     causes = [", ".join(f"{c} {round(row[f'due_{c}'] * row['faults'])}" for c in CAUSES if row[f"due_{c}"]) for _, row in table.iterrows()]
-    out = table.drop(columns=CAUSED).assign(**{c: [f"{lo:{g}}–{hi:{g}}" for lo, hi in table[c]] for c in ("sdc_ci", "due_ci")})
+    intervals = [c for c in table.columns if c.endswith("_ci")]
+    out = table.drop(columns=CAUSED).assign(**{c: [f"{lo:{g}}–{hi:{g}}" for lo, hi in table[c]] for c in intervals})
     return out.assign(due_cause=causes)
 
 
 def machine(table: pd.DataFrame) -> pd.DataFrame:
     """The map for files read by programs (csv, json): each interval's bounds as two columns."""
-    out = table.drop(columns=["sdc_ci", "due_ci"])
-    for c in ("sdc", "due"):
+    intervals = [c for c in table.columns if c.endswith("_ci")]
+    out = table.drop(columns=intervals)
+    for c in (i.removesuffix("_ci") for i in intervals):
         out.insert(out.columns.get_loc(c) + 1, f"{c}_low", [lo for lo, _ in table[f"{c}_ci"]])
         out.insert(out.columns.get_loc(c) + 2, f"{c}_high", [hi for _, hi in table[f"{c}_ci"]])
     return out

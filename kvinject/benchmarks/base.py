@@ -236,8 +236,11 @@ class GenerationBenchmark(Benchmark):
         """(metrics, per-item values of the paired metrics) of one run's scores."""
 
     def due(self, generation: Generation) -> str:
-        """What made an item DUE (outcomes.CAUSES): NaN or Inf logits, else the watchdog that
-        stopped it (generate_all's deadline and contain); "" for none."""
+        """What made an item DUE (outcomes.CAUSES): a fault ECC detected (ecc=secded: the read
+        that found it came before any logits), NaN or Inf logits, else the watchdog that stopped it
+        (generate_all's deadline and contain); "" for none."""
+        if any(f.get("ecc") == "detected" for f in generation.faults or ()):
+            return "ecc_detected"
         if generation.nonfinite_steps:
             return "nonfinite"
         if generation.stopped:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 # name -> higher is better
 METRICS = {"masked": True, "benign": False, "sdc": False, "due": False}
 # what made an item DUE (Benchmark.due); records before format 6 knew only nonfinite
-CAUSES = ("nonfinite", "raised", "timeout")
+CAUSES = ("nonfinite", "raised", "timeout", "ecc_detected")
 
 
 def classify(

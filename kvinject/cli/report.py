@@ -53,6 +53,15 @@ def report(
             "field,bit; docs/faults.md); --plot draws its SDC and DUE rates.",
         ),
     ] = None,
+    fit_per_mbit: Annotated[
+        Optional[float],
+        typer.Option(
+            "--fit-per-mbit",
+            help="With --faults and --ctx: a raw fault rate in FIT per Mbit (2^20 bits); each row gets the expected SDC and DUE FIT of its part "
+            "of the model's KV cache at --ctx tokens, with intervals (docs/faults.md).",
+        ),
+    ] = None,
+    ctx: Annotated[Optional[int], typer.Option("--ctx", help="The context length whose KV cache --fit-per-mbit falls on, in tokens.")] = None,
     outcomes: Annotated[
         Optional[Path],
         typer.Option(
@@ -71,6 +80,7 @@ def report(
 ) -> None:
     """Merge results stores (and run --output files) and print the study-style table: score, CIs,
     percent of control and the paired test, per bench and configuration."""
+    from ..analysis.fit import check_fit
     from ..analysis.plots import frontier as draw_frontier
     from ..analysis.plots import heatmap as draw_heatmap
     from ..analysis.plots import outcomes as draw_outcomes
@@ -82,6 +92,7 @@ def report(
     if metric and all_metrics:
         raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
     check_writable(plot, heatmap, frontier, outcomes)
+    check_fit(fit_per_mbit, ctx, faults)
     records = select(load_records(stores), filters or [])
     if board:
         others = [flag for flag, given in (("--faults", faults), ("--metric", metric), ("--all-metrics", all_metrics), ("--plot", plot)) if given]
@@ -105,7 +116,7 @@ def report(
         ]
         if others:
             raise KvinjectError(f"--faults prints a map of its own (--plot draws it): give {', '.join(others)} in another report")
-        _fault_map(records, faults.split(","), output_format, plot)
+        _fault_map(records, faults.split(","), output_format, plot, (fit_per_mbit, ctx) if fit_per_mbit is not None else None)
         return
     df = summarize(records)
     if df.empty:
@@ -139,15 +150,19 @@ def report(
         print(render(table, output_format))
 
 
-def _fault_map(records: list, by: list[str], output_format: str, plot: Path | None) -> None:
-    """--faults: the map, a table per model and bench on a terminal; with --plot, its figure."""
+def _fault_map(records: list, by: list[str], output_format: str, plot: Path | None, fit: tuple[float, int] | None) -> None:
+    """--faults: the map, a table per model and bench on a terminal; with --plot, its figure;
+    with ``fit`` (--fit-per-mbit, --ctx), each row's expected SDC and DUE FIT."""
     from ..analysis.faults import fault_map, machine, readable
+    from ..analysis.fit import model_shapes, with_fit
     from ..analysis.plots import fault_map as draw_fault_map
     from ..analysis.report import render
     from ..analysis.tables import report_table
     from ..experiments.campaign import campaign_size
 
     table = fault_map(records, by)
+    if fit is not None:
+        table = with_fit(table, *fit, model_shapes(sorted({str(m) for m in table["model"]})))
     if plot:
         draw_fault_map(table, [b for b in by if b != "format"], plot)
         Console(stderr=True).print(f"fault map written to {plot}")
@@ -164,6 +179,13 @@ def _fault_map(records: list, by: list[str], output_format: str, plot: Path | No
         highlight=False,
         soft_wrap=True,
     )
+    if fit is not None:
+        console.print(
+            f"mbit: each row's share of the KV cache at {fit[1]} tokens; sdc_fit, due_fit: expected FIT at {fit[0]:g} FIT per Mbit raw (docs/faults.md)",
+            style="dim",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _board(records: list, output_format: str) -> None:

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from ..exceptions import InjectionError
 from . import ggml
 from .cache_writes import cache_site
-
-VALUES = 32  # per block, for both
-SCALE_SHIFT = 16  # a mask's scale bits start here
+from .rowbits import SCALE_SHIFT, VALUES, RowLayout, land
 
 
 @dataclass(frozen=True)
@@ -30,6 +29,11 @@ class BlockFormat:
     @property
     def nbytes(self) -> int:
         return 2 + VALUES * self.code // 8
+
+    @property
+    def layout(self) -> RowLayout:
+        """Where a row's values lie in its bytes."""
+        return RowLayout(block=self.nbytes, code=self.code)
 
     def sites(self, field: str, bit: int | None) -> list[tuple[int, int]]:
         """The bits of one block a fault may take, as (value it belongs to, mask): the scale's
@@ -76,13 +80,15 @@ class BlockFaults:
     its K or V enters the graph (the hook's claim), flipped in the cache once llama.cpp has
     written that site's rows (``ggml_set_rows(cache, rows, index)``, a claimed node)."""
 
-    def __init__(self, fmt: BlockFormat):
+    def __init__(self, fmt: BlockFormat, secded: bool = False):
         self.format = fmt
-        self._staged: dict[tuple[str, int], np.ndarray] = {}
+        self.secded = secded
+        self._staged: dict[tuple[str, int], tuple[np.ndarray, Callable]] = {}
 
-    def stage(self, component: str, layer: int, masks: np.ndarray) -> None:
-        """The decode's masks of one site, (rows, row values)."""
-        self._staged[component, layer] = masks
+    def stage(self, component: str, layer: int, masks: np.ndarray, note: Callable) -> None:
+        """The decode's masks of one site, (rows, row values); ``note`` hands a fault model's
+        changes as they landed to their items' streams (DecodeNoise.note)."""
+        self._staged[component, layer] = masks, note
 
     def written(self, ptr: int) -> tuple[str, np.ndarray, np.ndarray] | None:
         """Flip what was staged for the cache write ``ptr`` (computed); its component and the
@@ -90,7 +96,7 @@ class BlockFaults:
         t = ggml.tensor(ptr)
         cache = ggml.tensor(t.view_src or ptr)
         site = cache_site(cache.name)
-        masks = self._staged.pop(site, None) if site else None
+        masks, note = self._staged.pop(site, (None, None)) if site else (None, None)
         if masks is None:
             return None
         index = ggml.tensor(t.src[1])
@@ -102,8 +108,14 @@ class BlockFaults:
         stride, n_cells = cache.nb[1], ggml.numel(cache) // cache.ne[0]
         rows = np.frombuffer((ctypes.c_uint8 * (stride * n_cells)).from_address(cache.data), np.uint8).reshape(n_cells, stride)
         before = self.format.dequantize(rows[cells])
-        for r, value in zip(*np.nonzero(masks)):
-            self.format.flip(rows[cells[r]], int(value), int(masks[r, value]))
+        if masks.dtype == np.uint64:  # a fault model's changes: bits cleared (high half), then flipped
+            changed = [(int(r), int(v), int(masks[r, v]) >> 32, int(masks[r, v]) & 0xFFFFFFFF) for r, v in zip(*np.nonzero(masks))]
+            raw = rows[cells]
+            note(land(self.format.layout, raw, changed, self.secded), masks.shape[1])
+            rows[cells] = raw
+        else:
+            for r, value in zip(*np.nonzero(masks)):
+                self.format.flip(rows[cells[r]], int(value), int(masks[r, value]))
         return site[0], before, self.format.dequantize(rows[cells])
 
     def check_written(self) -> None:

@@ -111,7 +111,7 @@ class KVHook:
         self._python_apply = _APPLY(self._apply)
         # Faults in quantized blocks: taken where K/V enter, flipped in the blocks once llama.cpp
         # has written them (:meth:`_written`), before attention reads them.
-        self._blocks = BlockFaults(entry.blocks) if entry is not None and entry.blocks else None
+        self._blocks = BlockFaults(entry.blocks, entry.secded) if entry is not None and entry.blocks else None
         self._python_written = _APPLY(self._written)
         self._queue = np.zeros((2 * n_layer, 3), np.int64)
         self._head = head = np.zeros(gh.HEADER, np.int64)
@@ -165,7 +165,9 @@ class KVHook:
     def stream(self, rng: np.random.Generator, tokens: int | None = None, generated: int = 0) -> Draws | Variates | None:
         """A noise stream for one benchmark item of ``tokens`` prompt tokens, if known, and up to
         ``generated`` tokens decoded after them (None for error models without randomness)."""
-        return self.error.stream(rng, (tokens * self._width, generated * self._width) if tokens is not None else None)
+        rows = {self.row[c] for c, _ in self._expected}
+        row = rows.pop() if len(rows) == 1 else 0  # faults in a row of memory need every row of one length
+        return self.error.stream(rng, (tokens * self._width, generated * self._width, row) if tokens is not None else None)
 
     def layout(self, segments: list[tuple[Draws | None, int]], mask: np.ndarray | None = None) -> None:
         """Announce the next decode: runs of consecutive batch rows, each with the noise stream
@@ -190,7 +192,7 @@ class KVHook:
         if self.queries is not None:
             self.queries.layout(int(head[gh.ROWS]))
         if self.writes is None and self.error.random:  # a cache-resident model draws its own
-            self._noise = noise = DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments])
+            self._noise = noise = DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments], [draws for draws, _ in segments])
         if self._device is not None:  # before the claims launch kernels
             self._device.lay_out_decode(self._noise, mask, int(head[gh.ROWS]))
         if self.writes is not None or not head[gh.NATIVE]:
@@ -280,7 +282,7 @@ class KVHook:
     def _perturb(self, ptr: int, component: str, layer: int, at: int) -> None:
         t = ggml.tensor(ptr)
         if self._blocks is not None:  # the values enter unchanged; their blocks are flipped once written
-            self._blocks.stage(component, layer, self._noise.take(ggml.numel(t)).reshape(-1, self.row[component]))
+            self._blocks.stage(component, layer, self._noise.take(ggml.numel(t)).reshape(-1, self.row[component]), self._noise.noter())
             return
         x = self._host_rows.get((ptr, t.data, t.ne[2], t.ne[3]))
         if x is None:

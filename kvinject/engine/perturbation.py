@@ -111,10 +111,11 @@ class ErrorModel(ABC):
         ``row`` components (0: not known). Noise and faults compress nothing."""
         return stored
 
-    def stream(self, rng: np.random.Generator, span: tuple[int, int] | None) -> Draws | None:
+    def stream(self, rng: np.random.Generator, span: tuple[int, int, int] | None) -> Draws | None:
         """The random values of one item, drawn from ``rng``; ``span``: how many values the
         item's prompt writes to the targeted sites and how many its generated tokens may write
-        after it (None where unknown)."""
+        after it, and the values of one cache row of them (0 where K's and V's differ; None where
+        unknown)."""
         return Draws(self.draw, rng) if self.random else None
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -218,6 +219,12 @@ class EntryModel(ErrorModel):
         written them (kvinject/engine/blocks.py); None: it changes K and V as they enter."""
         return None
 
+    @property
+    def secded(self) -> bool:
+        """The cache's memory is read through SECDED (kvinject/engine/secded.py): faults in the
+        blocks of :attr:`blocks` land as that code reads them."""
+        return False
+
     def unchanged(self, x: np.ndarray) -> np.ndarray:
         """The values the realized statistics measure the change from: ``x`` itself, or the
         value a model starts from where it is not ``x`` (bit flips act on the stored format's)."""
@@ -260,7 +267,7 @@ class Multiplicative(EntryModel):
     def random(self) -> bool:
         return True
 
-    def stream(self, rng: np.random.Generator, span: tuple[int, int] | None) -> Variates:
+    def stream(self, rng: np.random.Generator, span: tuple[int, int, int] | None) -> Variates:
         return Variates(self.law, int(rng.integers(0, 2**64, dtype=np.uint64)))
 
     def apply(self, x: np.ndarray, draws: Draws | Variates | None) -> None:

@@ -7,6 +7,7 @@ from typing import Callable
 
 import numpy as np
 
+from .rowbits import WORST
 from .variates import Draws
 
 
@@ -16,11 +17,28 @@ class Placed(Draws):
     per decode of its item's rows, so that the hook can say where each change landed
     (:func:`locate`); ``describe(mask)`` names a change for its record."""
 
-    def __init__(self, at: np.ndarray, masks: np.ndarray, describe: Callable[[int], dict[str, object]], prompt: int):
+    def __init__(
+        self,
+        at: np.ndarray,
+        masks: np.ndarray,
+        describe: Callable[[int], dict[str, object]],
+        prompt: int,
+        faults: np.ndarray | None = None,
+        kind: str = "",
+        row: int = 0,
+    ):
         self._at, self._masks, self._pos = at, masks, 0
         self.describe = describe
         self.prompt = prompt  # values the item's prompt writes: those after are its generated tokens'
         self.blocks: list[tuple[int, int]] = []  # (first value, values) of each read
+        # A fault model's changes (kvinject/error_models/fault_models): which fault each belongs to,
+        # and what each value it changed became as it landed (:meth:`note`); None: single flips.
+        self.faults, self.kind, self.row = faults, kind, row  # row: values a cache row holds
+        self.landed: dict[int, tuple[int, str | None]] = {}
+
+    def note(self, value: int, mask: int, status: str | None) -> None:
+        """Value ``value`` of the stream landed differing in bits ``mask``, ECC's read giving ``status``."""
+        self.landed[value] = (mask, status)
 
     def take(self, n: int) -> np.ndarray:
         out = np.zeros(n, self._masks.dtype)
@@ -31,9 +49,26 @@ class Placed(Draws):
         return out
 
     def within(self, start: int, n: int) -> list[tuple[int, int]]:
-        """The changes among values start..start+n: (value, mask)."""
+        """The changes among values start..start+n: (value, mask); of a fault model, its faults'
+        first changes, as (value, mask) too."""
         lo, hi = np.searchsorted(self._at, [start, start + n])
-        return [(int(a), int(m)) for a, m in zip(self._at[lo:hi], self._masks[lo:hi])]
+        if self.faults is None:
+            return [(int(a), int(m)) for a, m in zip(self._at[lo:hi], self._masks[lo:hi])]
+        _, first = np.unique(self.faults[lo:hi], return_index=True)
+        return [(int(self._at[lo + i]), int(self._masks[lo + i])) for i in sorted(first)]
+
+    def landing(self, value: int) -> dict[str, object]:
+        """The record of the fault whose first change is ``value`` (a fault model's): its model,
+        each value of its row it changed as (offset from ``value``, bits), and ECC's outcome."""
+        i = int(np.searchsorted(self._at, value))
+        others = set(self._at[self.faults != self.faults[i]].tolist())
+        start = value - value % self.row  # rows lie whole in the stream: their starts are multiples of it
+        row = [v for v in sorted(self.landed) if start <= v < start + self.row and v not in others]
+        statuses = [self.landed[v][1] for v in row if self.landed[v][1] is not None]
+        out: dict[str, object] = {"kind": self.kind, "changes": [[v - value, self.landed[v][0]] for v in row]}
+        if statuses:
+            out["ecc"] = min(statuses, key=WORST.index)
+        return out
 
 
 def locate(placed: Placed, at: dict[tuple[str, int], int], row: dict[str, int], width: int, n_head_kv: int) -> list[dict[str, object]]:
@@ -60,6 +95,6 @@ def locate(placed: Placed, at: dict[tuple[str, int], int], row: dict[str, int], 
                 "element": column % head_dim,
                 "stage": "prompt" if value < placed.prompt else "generated",
             }
-            out.append(site | placed.describe(mask))
+            out.append(site | placed.describe(mask) | (placed.landing(value) if placed.faults is not None else {}))
         before += rows
     return out

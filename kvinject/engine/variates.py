@@ -101,8 +101,9 @@ class DecodeNoise:
     so a stream is consumed site by site exactly as when its rows are decoded alone.
     """
 
-    def __init__(self, blocks: list[tuple[np.ndarray | Block, int]]):
+    def __init__(self, blocks: list[tuple[np.ndarray | Block, int]], sources: list[object] | None = None):
         self.blocks = blocks
+        self.sources = sources  # the stream each block was read from, for faults that note where they landed
         self._rows = sum(rows for _, rows in blocks)
         self.at = 0  # components per row consumed before the current site
 
@@ -110,3 +111,20 @@ class DecodeNoise:
         r = n // self._rows  # whole rows: the compiled callback checked the cache write's size
         pieces = [block[self.at * rows : (self.at + r) * rows] for block, rows in self.blocks]
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def note(self, landed: list[tuple[int, int, int, str | None]], row: int, at: int | None = None) -> None:
+        """Hand each value a fault changed, (row of the decode's site, value of the row, the bits
+        it changed, ECC's outcome), to the stream of the item the row belongs to, by its place in
+        that stream (a site's rows of ``row`` values from component ``at`` on: the current one)."""
+        at = self.at if at is None else at
+        first = 0
+        for (_, rows), source in zip(self.blocks, self.sources or ()):
+            for r, value, mask, status in landed:
+                if first <= r < first + rows and hasattr(source, "note"):
+                    source.note(source.blocks[-1][0] + at * rows + (r - first) * row + value, mask, status)
+            first += rows
+
+    def noter(self) -> Callable[[list[tuple[int, int, int, str | None]], int], None]:
+        """:meth:`note` for the current site, once the decode has moved on to others."""
+        at = self.at
+        return lambda landed, row: self.note(landed, row, at)

@@ -14,9 +14,11 @@ import numpy as np
 from ..engine import laws
 from ..engine.blocks import BLOCK_FORMATS, VALUES, BlockFormat
 from ..engine.perturbation import EntryModel, ErrorModel
+from ..engine.rowbits import SCALE_SHIFT, RowLayout, land
 from ..engine.sites import Placed
 from ..engine.variates import Draws
 from ..exceptions import InjectionError, SpecError
+from .fault_models import FAULT_MODELS, Space, fault_model
 from .registry import register
 
 if TYPE_CHECKING:
@@ -177,12 +179,18 @@ class Faults(_Flips):
     format: str | None = None
     stage: str | None = None
     only: int | None = None  # keep only the ONLY-th of the K faults drawn (from 0): one replayed alone
+    kind: str | None = None  # a fault model of kvinject/error_models/fault_models; None: a single-bit flip ('model' names the error model in grids)
+    bits: int | None = None  # a burst's bits
+    ecc: str | None = None  # secded: the cache's memory read through SECDED (kvinject/engine/secded.py)
     name: ClassVar[str] = "faults"
-    syntax: ClassVar[str] = "faults:K[,field=F][,bit=N][,format=f16|bf16|f32|q8_0|q4_0][,stage=prompt|generated|any]"
+    syntax: ClassVar[str] = (
+        f"faults:K[,field=F][,bit=N][,format=f16|bf16|f32|q8_0|q4_0][,stage=prompt|generated|any][,kind={'|'.join(FAULT_MODELS)}][,bits=M][,ecc=none|secded]"
+    )
     summary: ClassVar[str] = (
         "Exactly K single-bit faults per item, at bits drawn uniformly among those of the K/V its prompt (or stage=generated: its generated "
         "tokens, or any) writes to the targeted layers as the cache stores them: a float's (as bitflip) or a q8_0/q4_0 block's fp16 scale or "
-        "codes; in field F (sign, exponent, mantissa; scale, code; any) or bit N of it if asked (fault campaigns: docs/faults.md)."
+        "codes; in field F (sign, exponent, mantissa; scale, code; any) or bit N of it if asked; kind= another fault model (double, adjacent, "
+        "burst with bits=M, random, zero, stuck0, stuck1, word), ecc=secded the memory read through SECDED (fault campaigns: docs/faults.md)."
     )
     example: ClassVar[str] = "faults:1,bit=14"
 
@@ -197,6 +205,15 @@ class Faults(_Flips):
             self._check_blocks()
         else:
             self._check()
+        if self.ecc not in (None, "none", "secded"):
+            raise SpecError(f"'faults': ecc must be none or secded, got '{self.ecc}'")
+        if self.kind is None and self.bits is not None:
+            raise SpecError("'faults': bits=M is a burst's: give kind=burst")
+        if self.kind is not None:
+            model = fault_model(self.kind, self.bits)
+            given = [o for o, v in (("field", self.field != "any"), ("bit", self.bit is not None), ("bits", self.bits is not None)) if v]
+            if taken := [o for o in given if o not in model.options]:
+                raise SpecError(f"'faults': kind={self.kind} takes no {taken[0]}= (it takes {', '.join(model.options) or 'none of field, bit, bits'})")
 
     def _check_blocks(self) -> None:
         if self.format is not None and self.format not in BLOCK_FORMATS:
@@ -236,7 +253,16 @@ class Faults(_Flips):
 
     @property
     def device_law(self) -> tuple[float, ...] | None:
-        return None if self.blocks else super().device_law
+        return None if self.blocks or self._changes else super().device_law
+
+    @property
+    def secded(self) -> bool:
+        return self.ecc == "secded"
+
+    @property
+    def _changes(self) -> bool:
+        """Lands as a fault model's changes (kvinject/engine/rowbits.py) rather than XOR masks alone."""
+        return self.kind is not None or self.secded
 
     @property
     def random(self) -> bool:
@@ -246,13 +272,16 @@ class Faults(_Flips):
     def placed(self) -> bool:
         return True
 
-    def stream(self, rng: np.random.Generator, span: tuple[int, int] | None) -> Draws:
+    def stream(self, rng: np.random.Generator, span: tuple[int, int, int] | None) -> Draws:
         if span is None:  # a sequence no benchmark item began: fails if it is ever decoded
             return _Unplaced()
-        prompt, generated = span
+        prompt, generated, *rest = span
+        row = rest[0] if rest else 0
         # The values the faults may hit: the prompt's, then those its generated tokens may write
         # (a fault placed past where the generation stopped never lands, and is not recorded).
         first, horizon = {"prompt": (0, prompt), "generated": (prompt, generated), "any": (0, prompt + generated)}[self.stage or "prompt"]
+        if self.kind is not None:
+            return self._modelled(rng, first, horizon, prompt, row)
         blocks = self.blocks
         # A block's bits: a flat index over (block, bit of the block), its scale's put on its first value.
         sites = blocks.sites(self.field, self.bit) if blocks else None
@@ -274,10 +303,49 @@ class Faults(_Flips):
             uint = self._format.uint
             masks = np.left_shift(uint(1), rng.choice(self._bits(), size=len(at)).astype(uint))
         keep = slice(None) if self.only is None else slice(self.only, self.only + 1)  # drawn all the same: the same fault
+        if self.secded:  # the same faults as without ECC, landed through the code
+            return Placed(first + at[keep], masks[keep].astype(np.uint64), self._landing, prompt, np.arange(len(at[keep])), "flip", row)
         return Placed(first + at[keep], masks[keep], self.describe, prompt)
+
+    def _modelled(self, rng: np.random.Generator, first: int, horizon: int, prompt: int, row: int) -> Placed:
+        """A fault model's faults among values ``first .. first + horizon`` of the item's stream."""
+        blocks = self.blocks
+        if blocks:
+            space = Space(horizon // VALUES, VALUES, blocks.sites(self.field, self.bit), row, blocks.layout)
+        else:
+            space = Space(horizon, 1, [(0, 1 << b) for b in self._bits()], row, RowLayout(size=np.dtype(self._format.uint).itemsize))
+        try:
+            drawn = fault_model(self.kind, self.bits).draw(rng, space, self.count)
+        except SpecError as e:
+            raise SpecError(f"'{self.spec}' {e}") from None
+        keep = np.ones(len(drawn.at), bool) if self.only is None else drawn.fault == self.only
+        order = np.argsort(drawn.at[keep], kind="stable")
+        packed = (drawn.clear << np.uint64(32) | drawn.xor)[keep][order]
+        return Placed(first + drawn.at[keep][order], packed, self._landing, prompt, drawn.fault[keep][order], self.kind, row)
 
     def describe(self, mask: int) -> dict[str, object]:
         return self.blocks.describe(mask) if self.blocks else super().describe(mask)
+
+    def apply(self, x: np.ndarray, draws: Draws | None) -> None:
+        if not self._changes:
+            return super().apply(x, draws)
+        packed = draws.take(x.size).reshape(x.shape)
+        bits = self._format.encode(x)
+        rows, values = np.nonzero(packed)
+        if rows.size:
+            changes = [(r, v, int(packed[r, v]) >> 32, int(packed[r, v]) & 0xFFFFFFFF) for r, v in zip(rows.tolist(), values.tolist())]
+            draws.note(land(RowLayout(size=bits.itemsize), bits.view(np.uint8), changes, self.secded), x.shape[1])
+        x[...] = self._format.decode(bits)
+
+    def _landing(self, packed: int) -> dict[str, object]:
+        """A fault model's first change, for its record: the fields of the stored format its bits
+        (cleared or flipped) lie in, "+"-joined, and the highest of them."""
+        bits = packed >> 32 | packed & 0xFFFFFFFF
+        if self.blocks:
+            parts = [(f, m) for f, m in (("scale", bits >> SCALE_SHIFT), ("code", bits & 0xFFFF)) if m]
+            return {"bit": parts[0][1].bit_length() - 1, "field": "+".join(f for f, _ in parts), "format": self.format}
+        fields = [f for f in ("sign", "exponent", "mantissa") if self._format.mask(f) & bits]
+        return {"bit": bits.bit_length() - 1, "field": "+".join(fields), "format": self.format or "f16"}
 
 
 class _Unplaced(Draws):

@@ -60,8 +60,8 @@ def test_the_figures_place_the_numbers_report_json_prints(study):
     for point in curves + frontier:
         row = printed[point["id"]]
         assert (point["configuration"], point["score"], point["runs"]) == (row["configuration"], row["score"], row["runs"])
-        for low, high in ((point["ci_low"], point["ci_high"]),):  # the runs' interval, which json prints to 4 digits
-            assert all(_close(a, b, 1e-3) for a, b in zip((low, high), _interval(row["ci_runs"])))
+    for point in curves:  # the runs' interval, which json prints to 4 digits
+        assert all(_close(a, b, 1e-3) for a, b in zip((point["ci_low"], point["ci_high"]), _interval(printed[point["id"]]["ci_runs"])))
     for point in frontier:
         row = printed[point["id"]]
         shown = row["% control"] if point["relative"] else row["score"]
@@ -223,13 +223,21 @@ def test_hovering_a_point_shows_its_values_and_clicking_it_filters_the_table(dri
 def test_a_generation_bench_s_items_open(driver, page, study):
     _open(driver, page)
     assert driver.find_element("id", "kv-drill").get_attribute("hidden")
-    button = driver.find_elements("css selector", "button.kv-items")[1]
+    button = driver.find_elements("css selector", "button.kv-items")[0]
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
     button.click()
     drill = driver.find_element("id", "kv-drill")
     assert drill.is_displayed() and "beside the control's" in drill.text
-    items = next(v for v in study[2]["items"].values() if v["differ"])
-    assert len(drill.find_elements("css selector", "tbody tr")) == len(items["items"])
+    row = driver.execute_script("return arguments[0].closest('tr').dataset.id", button)
+    items = study[2]["items"][row]["items"]
+    assert items and len(drill.find_elements("css selector", "tbody tr")) == len(items)
+    first = driver.execute_script("return [...document.querySelector('#kv-drill tbody tr').cells].map(td => td.textContent)")
+    assert first == [str(items[0]["item"]), items[0]["control"], _verdict(items[0]["control_verdict"]), items[0]["response"], _verdict(items[0]["verdict"])]
+
+
+def _verdict(value: float | None) -> str:
+    """A verdict as the page writes it (JavaScript's String of a number)."""
+    return "-" if value is None else str(int(value)) if float(value).is_integer() else str(value)
 
 
 @browser

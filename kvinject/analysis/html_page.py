@@ -18,6 +18,7 @@ from .page_figures import figures
 from .tables import NOTHING_NOTE
 
 HERE = Path(__file__).resolve().parent
+INLINED = ("manifest", "rows", "columns", "items")  # what the page's script reads; the figures carry their own cells
 
 TEMPLATE = """<!DOCTYPE html>
 <html lang="en">
@@ -57,7 +58,7 @@ def html_page(records: list[dict[str, Any]], df: pd.DataFrame, stores: list[Path
         css=(HERE / "page.css").read_text(),
         bundle=_bundle(),
         note=html.escape(NOTHING_NOTE),
-        data=_inline(data),
+        data=_inline({k: data[k] for k in INLINED}),
         figures=_inline(figures(data)),
         script=(HERE / "page.js").read_text(),
     )

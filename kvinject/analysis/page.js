@@ -88,7 +88,7 @@ function table() {
     const items = DATA.items[String(r._.id)];
     const cell = element("td");
     if (items) {
-      const open = element("button", {type: "button", class: "kv-items"}, `${items.differ} of ${items.total} differ`);
+      const open = element("button", {type: "button", class: "kv-items"}, `${items.differ}/${items.total} differ`);
       open.addEventListener("click", () => drill(r, items));
       cell.append(open);
     }
@@ -138,6 +138,7 @@ async function figures() {
     window.kvViews[name] = result.view;
   }
   document.body.dataset.figures = String(Object.keys(FIGURES).length);
+  document.body.dataset.drawnMs = String(Math.round(performance.now()));  // from navigation to every figure drawn
 }
 
 manifest();

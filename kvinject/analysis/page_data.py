@@ -21,8 +21,9 @@ from .plots import bits_column, cell_scores, family, frontier_points, pareto
 from .report import _setting, experiments, render, store_paths, study_table, varying
 from .tables import NOTHING_MARK, fmt, span
 
-ITEMS_SHOWN = 40  # items of one configuration in its drill-down: those where it differs from the control first
-RESPONSE_CHARS = 600  # a response's length in the drill-down; the store keeps it whole
+ITEMS_SHOWN = 40  # items of one configuration in its drill-down at most: those where it differs from the control first
+ITEMS_IN_ALL = 600  # items of every drill-down together: a study of many configurations shows fewer of each
+RESPONSE_CHARS = 500  # a response's length in the drill-down; the store keeps it whole
 
 
 def page_data(records: list[dict[str, Any]], df: pd.DataFrame, stores: list[Path], metric: str | None = None) -> dict[str, Any]:
@@ -98,6 +99,7 @@ def rows(df: pd.DataFrame, table: pd.DataFrame, records: list[dict[str, Any]]) -
     titles = {i: title for title, part in experiments(df.loc[table.index]) for i in part.index}
     bits = bits_column(df)
     placed = frontier_placement(df.loc[table.index], bits)
+    shown = [c["key"] for c in columns(table)]
     out = []
     for position, ((i, source), row) in enumerate(zip(df.loc[table.index].iterrows(), report_json(table))):
         low, high = _bounds(source["items_ci"])
@@ -117,7 +119,7 @@ def rows(df: pd.DataFrame, table: pd.DataFrame, records: list[dict[str, Any]]) -
             "bits": _number(bits.get(i)),
             **placed.get(i, {}),
         }
-        extra["cells"] = cells(row, extra, source["percent_ci"])
+        extra["cells"] = cells(row, extra, source["percent_ci"], shown)
         out.append({**row, "_": extra})
     return out
 
@@ -159,7 +161,7 @@ def columns(table: pd.DataFrame) -> list[dict[str, str]]:
     return [{"name": n, "key": k} for n, k in names]
 
 
-def cells(row: dict[str, Any], extra: dict[str, Any], percent_ci: object) -> dict[str, str]:
+def cells(row: dict[str, Any], extra: dict[str, Any], percent_ci: object, keys: list[str]) -> dict[str, str]:
     """A row's cells as the terminal's tables write them (terminal_tables, report_table)."""
     score = row["score"]
     std = row["std"]
@@ -176,7 +178,7 @@ def cells(row: dict[str, Any], extra: dict[str, Any], percent_ci: object) -> dic
         "runs": str(row["runs"]),
         "nonfinite_items": str(row["nonfinite_items"]),
     }
-    return {k: shown.get(k, "-" if row.get(k) in (None, "") else _setting(row[k])) for k in row}
+    return {k: shown.get(k, "-" if row.get(k) in (None, "") else _setting(row[k])) for k in keys}
 
 
 def heatmap_cells(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -219,7 +221,8 @@ def fault_cells(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def drill_downs(records: list[dict[str, Any]], df: pd.DataFrame, table: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """Per row of a generation bench (its place among the rows, ``_.id``): the first run's items beside the control's,
     the response and the verdict (the bench's primary metric) of each: those where the two differ
-    first, :data:`ITEMS_SHOWN` of them, each response cut to :data:`RESPONSE_CHARS` characters."""
+    first, :data:`ITEMS_SHOWN` of them (fewer where :data:`ITEMS_IN_ALL` would be passed), each
+    response cut to :data:`RESPONSE_CHARS` characters."""
     first: dict[tuple, dict[str, Any]] = {}
     for r in sorted(records, key=lambda r: r["run"]):
         if r.get("responses"):
@@ -231,12 +234,13 @@ def drill_downs(records: list[dict[str, Any]], df: pd.DataFrame, table: pd.DataF
         row = df.loc[i]
         given = {c.removeprefix("option."): row[c] for c in options}
         keyed[(_experiment({**row, "options": given, "cache": row}, short=True), row["label"])] = position
-    out = {}
-    for (key, label), record in first.items():
-        row = keyed.get((key, label))
-        if key in controls and row is not None:
-            out[str(row)] = _items(record, controls[key])
-    return out
+    shown = [
+        (keyed[key, label], record, controls[key])
+        for (key, label), record in first.items()
+        if key in controls and (key, label) in keyed and not record["settings"].get("control")
+    ]
+    each = max(3, min(ITEMS_SHOWN, ITEMS_IN_ALL // max(1, len(shown))))
+    return {str(row): _items(record, control, each) for row, record, control in shown}
 
 
 def _experiment(s: dict[str, Any], short: bool = False) -> tuple:
@@ -258,14 +262,14 @@ def _plain(value: object) -> object:
     return value
 
 
-def _items(record: dict[str, Any], control: dict[str, Any]) -> dict[str, Any]:
+def _items(record: dict[str, Any], control: dict[str, Any], each: int) -> dict[str, Any]:
     primary = BENCHMARKS[record["settings"]["bench"]].primary
     verdicts, control_verdicts = record["items"].get(primary, []), control["items"].get(primary, [])
     responses, control_responses = record["responses"], control["responses"]
     n = min(len(responses), len(control_responses))
     differs = [i for i in range(n) if responses[i] != control_responses[i] or _at(verdicts, i) != _at(control_verdicts, i)]
     same = sorted(set(range(n)) - set(differs))
-    shown = (differs + same)[:ITEMS_SHOWN]
+    shown = (differs + same)[:each]
     return {
         "metric": primary,
         "total": n,

@@ -35,28 +35,33 @@ def figures(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: {"title": title, "spec": chart.to_dict()} for name, (title, chart) in made.items() if chart is not None}
 
 
-def _points(rows: list[dict[str, Any]], keep: str) -> list[dict[str, Any]]:
-    """The rows a figure places (those with ``_[keep]``), flat: the page's extras beside the
-    ``report --format json`` keys, one record per mark."""
+# What each figure's marks read of a row: the page carries the rows once, the figures these.
+CURVE_KEYS = ("id", "experiment", "family", "control", "realized_k", "ci_low", "ci_high")
+FRONTIER_KEYS = ("id", "experiment", "family", "control", "bits", "frontier_y", "frontier_low", "frontier_high", "relative", "front")
+
+
+def _points(rows: list[dict[str, Any]], keep: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The rows a figure places (those with ``_[keep]``), flat: the ``report --format json``
+    numbers beside the page's ``keys``, one record per mark."""
     out = []
     for row in rows:
         extra = row["_"]
         if extra.get(keep) is None:
             continue
-        flat = {k: v for k, v in extra.items() if k != "cells"}
-        out.append({**flat, "configuration": row["configuration"], "score": row["score"], "runs": row["runs"], "metric": row["metric"]})
+        out.append({**{k: extra[k] for k in keys}, "configuration": row["configuration"], "score": row["score"], "runs": row["runs"]})
     return out
 
 
 def curves(rows: list[dict[str, Any]]) -> Any:
     """Each experiment's score against the realized relative error of K, a line per error
     family with the runs' 95% interval as a band, the control as a dashed rule."""
-    points = _points([r for r in rows if not r["_"]["control"]], "realized_k")
+    points = _points([r for r in rows if not r["_"]["control"]], "realized_k", CURVE_KEYS)
     if not points:
         return None
     alt = _altair()
     experiments = {p["experiment"] for p in points}
-    values = points + [{**p, "realized_k": None} for p in _points([r for r in rows if r["_"]["control"] and r["_"]["experiment"] in experiments], "id")]
+    controls = [r for r in rows if r["_"]["control"] and r["_"]["experiment"] in experiments]
+    values = points + _points(controls, "id", CURVE_KEYS)
     base = alt.Chart(alt.Data(values=values))
     curve = base.encode(x=alt.X("realized_k:Q", title="realized relative error of K (std)"), color=alt.Color("family:N", title="error family"))
     curve = curve.transform_filter("!datum.control")
@@ -73,7 +78,7 @@ def curves(rows: list[dict[str, Any]]) -> Any:
 def frontier(rows: list[dict[str, Any]]) -> Any:
     """Each experiment's score (as percent of control where its panel has the paired interval)
     against bits per K/V element, a colour per compressor family, the Pareto front as a step."""
-    points = _points(rows, "bits")
+    points = _points(rows, "bits", FRONTIER_KEYS)
     points = [p for p in points if p["frontier_y"] is not None]
     if not points:
         return None
@@ -91,16 +96,22 @@ def frontier(rows: list[dict[str, Any]]) -> Any:
 
 
 def heatmap(cells: list[dict[str, Any]]) -> Any:
-    """The score over context length x needle depth, a panel per bench and configuration."""
+    """The score over context length x needle depth: a panel per bench with its options, a row
+    per configuration, a column per length and depth (the PNG's panel per configuration would
+    make hundreds of panels of a board's study)."""
     if not cells:
         return None
     alt = _altair()
-    cells = [{**c, "experiment": f"{c['configuration']} · {c['panel']}"} for c in cells]
-    base = alt.Chart(alt.Data(values=cells)).encode(x=alt.X("length:O", title="context length (tokens)"), y=alt.Y("depth:O", title="depth (%)"))
+    cells = [{**{k: v for k, v in c.items() if k != "panel"}, "experiment": c["panel"], "cell": f"{c['length']}/{c['depth']}%"} for c in cells]
+    order = [f"{n}/{d}%" for n, d in sorted({(c["length"], c["depth"]) for c in cells})]
+    base = alt.Chart(alt.Data(values=cells)).encode(
+        x=alt.X("cell:O", title="context length (tokens) / needle depth", sort=order), y=alt.Y("configuration:N", title=None, sort=None)
+    )
     tooltip = ["configuration:N", "length:O", "depth:O", alt.Tooltip("score:Q", format=".3f"), alt.Tooltip("n:Q", title="runs (n)")]
     rect = base.mark_rect().encode(color=alt.Color("score:Q", scale=alt.Scale(scheme="redyellowgreen", domain=[0, 1])), tooltip=tooltip)
     text = base.mark_text(fontSize=9).encode(text=alt.Text("score:Q", format=".2f"))
-    layered = alt.layer(rect.properties(name="heatmap_cells"), text).properties(width=WIDTH, height=HEIGHT * 0.7)
+    rows = max(len({c["configuration"] for c in cells if c["experiment"] == e}) for e in {c["experiment"] for c in cells})
+    layered = alt.layer(rect.properties(name="heatmap_cells"), text).properties(width=34 * len(order), height=14 * rows)  # a Step fails in facets
     return _facet(alt, layered, cells)
 
 

@@ -3,7 +3,7 @@
 its chromedriver; skipped where they are absent) the page of two committed studies loads with
 no console error and no network request, its table filters and sorts, each figure draws a mark
 per configuration, hovering a point shows its values, clicking it filters the table, and a
-generation bench's items open. A page with a broken figure fails those checks."""
+generation bench's items open. A page with a broken figure or filter fails those checks."""
 
 from __future__ import annotations
 
@@ -180,17 +180,16 @@ def test_the_page_loads_offline_and_draws_every_figure(driver, page, study):
     assert set(driver.execute_script("return Object.keys(window.kvViews)")) == set(study[3])
 
 
-@browser
-def test_the_table_filters_and_sorts(driver, page, study):
+def check_filter_and_sort(driver, rows: list[dict]) -> None:
+    """Every row in report's order; bench=perplexity leaves its rows; the score's column sorts
+    them up, then down; "show every row" brings the others back."""
     from selenium.webdriver.support.ui import Select
 
-    _open(driver, page)
-    rows = study[2]["rows"]
     configuration, bench, score = (_column(driver, name) for name in ("configuration", "bench", "score ± sd"))
     assert [r[configuration] for r in _table(driver)] == [r["_"]["cells"]["configuration"] for r in rows]
     Select(driver.find_element("id", "kv-filter-bench")).select_by_value("perplexity")
     perplexity = [r for r in rows if r["bench"] == "perplexity"]
-    assert {r[bench] for r in _table(driver)} == {"perplexity"} and len(_table(driver)) == len(perplexity)
+    assert {r[bench] for r in _table(driver)} == {"perplexity"} and len(_table(driver)) == len(perplexity), "the bench's filter"
     driver.find_element("css selector", "#kv-table th[data-key='score']").click()
     scores = [float(r[score].split(" ±")[0]) for r in _table(driver)]
     assert scores == sorted(scores) and len(set(scores)) > 1
@@ -198,6 +197,12 @@ def test_the_table_filters_and_sorts(driver, page, study):
     assert [float(r[score].split(" ±")[0]) for r in _table(driver)] == sorted(scores, reverse=True)
     driver.find_element("id", "kv-clear").click()
     assert len(_table(driver)) == len(rows)
+
+
+@browser
+def test_the_table_filters_and_sorts(driver, page, study):
+    _open(driver, page)
+    check_filter_and_sort(driver, study[2]["rows"])
 
 
 @browser
@@ -241,13 +246,18 @@ def _verdict(value: float | None) -> str:
 
 
 @browser
-def test_a_broken_figure_fails_the_checks(driver, study, tmp_path, monkeypatch):
-    records, df, _, figures = study
+def test_a_broken_figure_or_filter_fails_the_checks(driver, study, tmp_path, monkeypatch):
+    records, df, data, figures = study
     # A curve whose points read a field the data lacks: Vega draws none and logs nothing.
     broken = {name: {**f, "spec": json.loads(json.dumps(f["spec"]).replace('"field": "score"', '"field": "scor"'))} for name, f in figures.items()}
     monkeypatch.setattr("kvinject.analysis.html_page.figures", lambda data: broken)
+    text = html_page(records, df, STORES)
     path = tmp_path / "broken.html"
-    path.write_text(html_page(records, df, STORES))
+    filtering = "return !chosen || value(r) === chosen;"
+    assert filtering in text
+    path.write_text(text.replace(filtering, "return true;"))  # a filter that keeps every row
     _open(driver, path)
     with pytest.raises(AssertionError, match="marks drawn"):
         check_marks(driver, figures)
+    with pytest.raises(AssertionError, match="the bench's filter"):
+        check_filter_and_sort(driver, data["rows"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -97,6 +98,22 @@ def test_a_page_that_cannot_be_written_or_beside_a_board_fails_before_any_work()
     out = kvinject("report", STORES[0], "--board", "--html", "study.html")
     assert out.returncode == 2 and "--board prints a board of its own: give --html in another report" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _page_data(path: Path) -> dict:
+    return json.loads(re.search(r'<script type="application/json" id="kv-data">(.*?)</script>', path.read_text(), re.S)[1])
+
+
+def test_a_run_s_output_file_gets_its_page(tmp_path, tiny_path):
+    output, page = tmp_path / "run.json", tmp_path / "run.html"
+    out = kvinject("run", "--model", tiny_path, "--bench", "nexttoken", "--limit", "5", "--error", "normal:0,0.25", "--runs", "2", "--output", output)
+    assert out.returncode == 0, out.stderr
+    out = kvinject("report", output, "--html", page, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    data = _page_data(page)
+    assert [{k: v for k, v in row.items() if k != "_"} for row in data["rows"]] == json.loads(out.stdout)
+    assert [r["configuration"] for r in data["rows"]] == ["none", "normal:0,0.25"]
+    assert data["manifest"]["stores"] == [{"path": str(output)}] and data["manifest"]["records"] == 3  # the control, deterministic, runs once
 
 
 # The browser's part: Debian's chromium and its driver, where installed (.ci/run installs them).

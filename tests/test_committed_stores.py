@@ -1,21 +1,28 @@
 """Stores written before a change to the code are read, reported and resumed as they were: the
 committed studies' stores (docs/*.results.sqlite) against their tables as `kvinject report
 --format csv` printed them at commit 94b901e, kvinject 0.1.0 (tests/fixtures/reports/),
-each study's grid finds nothing left to run in its store (its keys are unchanged), and the
-tables a results page says it generated are what the command prints from the store."""
+each study's grid finds nothing left to run in its store (its keys are unchanged), the
+tables a results page says it generated are what the command prints from the store, and the
+web pages it links hold what `report --html` gives from it now."""
 
 import csv
 import io
+import json
 import math
+import re
+import shlex
 from pathlib import Path
 
 import pytest
 
-from kvinject.analysis.report import load_records
+from kvinject.analysis.html_page import INLINED
+from kvinject.analysis.page_data import page_data
+from kvinject.analysis.page_figures import figures
+from kvinject.analysis.report import load_records, summarize
 from kvinject.engine.model import file_sha256, resolve_model
 
 from .cli_runs import kvinject
-from .page_tables import GENERATED, pages, report
+from .page_tables import GENERATED, pages, report, web_pages
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = Path(__file__).resolve().parent / "fixtures" / "reports"
@@ -75,3 +82,36 @@ def test_a_page_s_tables_regenerate_from_its_store(page):
         assert len(got) == len(want), f"{page}: `kvinject report {args}` printed {len(got)} rows, the page has {len(want)}"
         for row, (g, w) in enumerate(zip(got, want)):
             assert len(g) == len(w) and all(_same(a, b) for a, b in zip(g, w)), f"{page}, `{args}`, row {row}: {g} != {w}"
+
+
+def _alike(a: object, b: object) -> bool:
+    """Data alike, numbers to 6 significant digits (another CPU sums in another order) and
+    printed numbers as :func:`_same` reads them."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_alike(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_alike, a, b))
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
+    if isinstance(a, str) and isinstance(b, str):
+        return _same(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("args,path", web_pages(), ids=[p.name for _, p in web_pages()])
+def test_a_results_page_s_web_page_holds_what_its_stores_give(args, path):
+    words = shlex.split(args)
+    stores = [Path(a) for a in words[: words.index("--html")]]
+    text = path.read_text()
+    committed = {name: json.loads(re.search(rf'<script type="application/json" id="kv-{name}">(.*?)</script>', text, re.S)[1]) for name in ("data", "figures")}
+    records = load_records([ROOT / s for s in stores])
+    data = page_data(records, summarize(records), stores)
+    now = json.loads(json.dumps({"data": {k: data[k] for k in INLINED}, "figures": figures(data)}))
+    hint = f"differ from what `kvinject report {args}` gives: python -m tests.page_tables"
+    for part in ("rows", "columns", "items"):
+        assert _alike(committed["data"][part], now["data"][part]), f"{path.name}: {part} {hint}"
+    for key in ("models", "settings", "stores", "records", "configurations"):
+        assert committed["data"]["manifest"][key] == now["data"]["manifest"][key], f"{path.name}: the manifest's {key} {hint}"
+    assert committed["figures"].keys() == now["figures"].keys()
+    for name, figure in now["figures"].items():
+        assert _alike(committed["figures"][name]["spec"]["data"], figure["spec"]["data"]), f"{path.name}: figure {name} {hint}"

@@ -68,6 +68,14 @@ def report(
             "--outcomes", help="Draw the shares of items masked, benign, SDC and DUE per configuration to this PNG (fault campaigns; needs matplotlib)."
         ),
     ] = None,
+    page: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--html",
+            help="Write the study as one web page to this file: manifest, the tables (sortable, filterable), the figures (interactive) and "
+            "generation benches' items; it holds its scripts and data and opens offline (needs altair and vl-convert-python).",
+        ),
+    ] = None,
     board: Annotated[
         bool,
         typer.Option(
@@ -91,12 +99,13 @@ def report(
     check_format(output_format, FORMATS)
     if metric and all_metrics:
         raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
-    check_writable(plot, heatmap, frontier, outcomes)
+    check_writable(plot, heatmap, frontier, outcomes, page)
     check_fit(fit_per_mbit, ctx, faults)
     records = select(load_records(stores), filters or [])
     if board:
         others = [flag for flag, given in (("--faults", faults), ("--metric", metric), ("--all-metrics", all_metrics), ("--plot", plot)) if given]
         others += [flag for flag, given in (("--heatmap", heatmap), ("--frontier", frontier), ("--outcomes", outcomes), ("--wide", wide)) if given]
+        others += ["--html"] if page else []
         if others:
             raise KvinjectError(f"--board prints a board of its own: give {', '.join(others)} in another report")
         _board(records, output_format)
@@ -111,6 +120,7 @@ def report(
                 ("--heatmap", heatmap),
                 ("--frontier", frontier),
                 ("--outcomes", outcomes),
+                ("--html", page),
             )
             if given
         ]
@@ -136,6 +146,11 @@ def report(
     if outcomes:
         draw_outcomes(df, outcomes)
         Console(stderr=True).print(f"outcomes written to {outcomes}")
+    if page:
+        from ..analysis.html_page import write_page
+
+        size = write_page(page, records, df, stores, metric)
+        Console(stderr=True).print(f"page written to {page} ({size / 1e6:.2f} MB)")
     table = df if all_metrics else study_table(df, metric, digits=3 if output_format == "table" else 4)
     if output_format == "table":
         parts = [(f"{len(records)} runs from {len(store_paths(stores))} store(s)", table)] if all_metrics or wide else terminal_tables(table)

@@ -228,6 +228,12 @@ class Store:
             for cell, run, settings, record in self._db.execute("SELECT cell, run, settings, record FROM runs ORDER BY rowid"):
                 yield {"cell": cell, "run": run, "settings": json.loads(settings), **json.loads(record)}
 
+    def dates(self) -> tuple[str, str]:
+        """When its first and last run were written (UTC, as SQLite's datetime); empty where it holds none."""
+        with self._errors():
+            first, last = self._db.execute("SELECT min(created), max(created) FROM runs").fetchone()
+        return first or "", last or ""
+
     def claims(self) -> dict[str, Claim]:
         if self.unstamped:  # opened read-only before any sweep adopted it: no claims table
             return {}

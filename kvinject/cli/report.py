@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from ..exceptions import KvinjectError
+from ..values import split_list, unique
 from .flags import WideOpt, check_format
 from .outputs import check_writable
 from .render import console, print_table
@@ -81,8 +82,10 @@ def report(
     check_format(output_format, FORMATS)
     if metric and all_metrics:
         raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
-    check_writable(plot, heatmap, frontier, outcomes)
-    records = select(load_records(stores), filters or [])
+    stores = unique("report's stores", stores, key=lambda p: p.resolve())
+    filters, by = unique("--filter", filters or []), unique("--faults", split_list("--faults", faults)) if faults else []
+    check_writable({"--plot": plot, "--heatmap": heatmap, "--frontier": frontier, "--outcomes": outcomes}, inputs=stores)
+    records = select(load_records(stores), filters)
     if board:
         others = [flag for flag, given in (("--faults", faults), ("--metric", metric), ("--all-metrics", all_metrics), ("--plot", plot)) if given]
         others += [flag for flag, given in (("--heatmap", heatmap), ("--frontier", frontier), ("--outcomes", outcomes), ("--wide", wide)) if given]
@@ -105,7 +108,7 @@ def report(
         ]
         if others:
             raise KvinjectError(f"--faults prints a map of its own (--plot draws it): give {', '.join(others)} in another report")
-        _fault_map(records, faults.split(","), output_format, plot)
+        _fault_map(records, by, output_format, plot)
         return
     df = summarize(records)
     if df.empty:

@@ -67,3 +67,34 @@ def parse_scalar(name: str, typ: type, value: object) -> object:
             return value.strip()
         raise SpecError(f"{name} must be a non-empty string, got {value!r}")
     raise TypeError(f"fields of type {typ} are not supported")  # a plug-in author's mistake
+
+
+def split_list(name: str, value: object) -> list[object]:
+    """A comma-separated list as given: ``"a,b"``, a list (``["a", "b"]`` from TOML or Python),
+    or repeated flags whose values may hold commas (``["a,b", "c"]``); text items stripped. An
+    empty item (``"a,,b"``, a trailing comma) is refused: it is a typo, not a value."""
+    given = value if isinstance(value, (list, tuple)) else [value]
+    items: list[object] = []
+    for part in given:
+        pieces = [p.strip() for p in part.split(",")] if isinstance(part, str) else [part]
+        if "" in pieces:
+            raise SpecError(f"{name} has an empty item in {part!r}: remove the extra comma")
+        items += pieces
+    return items
+
+
+def unique(name: str, values: typing.Iterable[Any], key: typing.Callable[[Any], Any] | None = None) -> list[Any]:
+    """The values of a list (a comma-separated option, a repeated flag, a grid's list) in order,
+    each once: the one check of every list kvinject reads. A value given twice (as its ``key``
+    reads it: 1024 and 1024.0, normal:0,.25 and normal:0,0.25) would repeat identical items,
+    cells or configurations, whose scores would then count as independent: refused."""
+    out: list[Any] = []
+    seen: dict[Any, Any] = {}
+    for value in values:
+        k = value if key is None else key(value)
+        if k in seen:
+            same = "" if seen[k] == value else f" (as '{seen[k]}')"
+            raise SpecError(f"{name} gives '{value}' twice{same}: give each value once")
+        seen[k] = value
+        out.append(value)
+    return out

@@ -13,6 +13,7 @@ import pytest
 
 from kvinject.engine.model import Model, resolve_model
 
+from .cli_tree import no_work  # noqa: F401  (a fixture: the tests of outputs and lists)
 from .tiny_model import write_tiny_model
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

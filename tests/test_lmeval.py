@@ -224,7 +224,7 @@ def test_both_directions_score_each_document_alike(tmp_path, tiny_path):
     [
         ({}, "name the tasks with --task"),
         ({"task": ("no_such_task_here",)}, "lm-eval has no task 'no_such_task_here'"),
-        ({"task": ("kvinject_tiny_choice", "kvinject_tiny_choice"), "data": "x.jsonl"}, "replaces the dataset of one task"),
+        ({"task": ("kvinject_tiny_choice", "kvinject_tiny_generate"), "data": "x.jsonl"}, "replaces the dataset of one task"),
         ({"task": ("kvinject_tiny_choice",), "data": "/nonexistent.jsonl"}, "no such file"),
         ({"task": ("kvinject_tiny_choice",), "shots_data": "x.jsonl"}, "--shots-data goes with --data"),
         ({"task": ("kvinject_tiny_rolling",), "data": str(FIXTURES / "items.jsonl")}, "kvinject_tiny_rolling scores no document on its own"),

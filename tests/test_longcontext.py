@@ -22,6 +22,7 @@ from kvinject.experiments.runner import run
 from kvinject.experiments.store import Store
 
 from .cli_runs import PNG, kvinject, swept
+from .stored import RECORD, SETTINGS
 
 
 def needle_share(model, bench, index: int) -> float:
@@ -311,8 +312,8 @@ def test_long_prompts_share_fewer_sequences_unless_parallel_is_given(tiny_path):
 
 
 def _record(store: Store, label: str, run: int, metrics: dict[str, float]) -> None:
-    settings = {"bench": "passkey", "model": "m", "options": {"lengths": [1024, 2048], "samples": 1}}
-    store.add(f"{label}-cell", run, settings, {"label": label, "run": run, "metrics": metrics})
+    settings = {**SETTINGS, "bench": "passkey", "model": "m", "options": {"lengths": [1024, 2048], "samples": 1}}
+    store.add(f"{label}-cell", run, settings, {**RECORD, "label": label, "run": run, "metrics": metrics})
 
 
 def test_heatmap_panels_average_runs_per_configuration(tmp_path):

@@ -4,6 +4,7 @@ untouched), adopting unstamped stores, and claims (liveness, takeover, waiting).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import sqlite3
@@ -17,6 +18,7 @@ from kvinject.cli import app as cli
 from kvinject.experiments.grid import load_grid
 from kvinject.experiments.store import APPLICATION_ID, RUNS, SCHEMA_VERSION, UPGRADE, Claim, Store, StoreError, Worker
 from kvinject.experiments.sweep import Sweep
+from tests.stored import RECORD, SETTINGS
 
 GRID = """
 [sweep]
@@ -37,7 +39,7 @@ def sha(path):
 def make_store(path, records=8):
     with Store(path) as store:
         for i in range(records):
-            store.add(f"cell{i}", 0, {"i": i}, {"items": {"x": list(range(300))}})
+            store.add(f"cell{i}", 0, {**SETTINGS, "i": i}, {**RECORD, "items": {"x": list(range(300))}})
     return path
 
 
@@ -151,14 +153,19 @@ def test_an_empty_file_becomes_a_store(tmp_path):
 def test_an_unstamped_store_is_read_as_it_is_and_adopted_by_a_sweep(tmp_path):
     """Stores written before stores were stamped: application id 0 and only the runs table."""
     path = tmp_path / "old.sqlite"
-    sqlite_file(path, "PRAGMA journal_mode=WAL", RUNS, "INSERT INTO runs (cell, run, settings, record) VALUES ('c', 0, '{}', '{\"x\": 1}')")
+    insert = "INSERT INTO runs (cell, run, settings, record) VALUES ('c', 0, ?, ?)"
+    with sqlite3.connect(path) as db:
+        for statement in ("PRAGMA journal_mode=WAL", RUNS):
+            db.execute(statement)
+        db.execute(insert, (json.dumps(SETTINGS), json.dumps({**RECORD, "x": 1})))
+    db.close()
     before = sha(path)
     with Store(path, readonly=True) as store:
-        assert list(store.records()) == [{"cell": "c", "run": 0, "settings": {}, "x": 1}]
+        assert list(store.records()) == [{"cell": "c", "run": 0, "settings": SETTINGS, **RECORD, "x": 1}]
         assert store.claims() == {}
     assert sha(path) == before
     with Store(path) as store:
-        assert store.add("c", 1, {}, {"x": 2}, Worker()) and not store.add("c", 0, {}, {})
+        assert store.add("c", 1, SETTINGS, {**RECORD, "x": 2}, Worker()) and not store.add("c", 0, {}, {})
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
         assert [w is None for (w,) in db.execute("SELECT worker FROM runs ORDER BY run")] == [True, False]

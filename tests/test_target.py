@@ -12,7 +12,13 @@ def test_parse_layers_reads_ranges_and_lists() -> None:
 
 @pytest.mark.parametrize(
     "text,message",
-    [("a", "use layer numbers and ranges"), ("3-1", "'3-1' counts down: write 1-3"), ("-2", "use layer numbers and ranges"), ("1,,x", "use layer numbers")],
+    [
+        ("a", "use layer numbers and ranges"),
+        ("3-1", "'3-1' counts down: write 1-3"),
+        ("-2", "use layer numbers and ranges"),
+        ("1,,x", "empty item in .1,,x."),
+        ("2,0-3,2", "gives .2. twice"),
+    ],
 )
 def test_bad_layers_fail(text: str, message: str) -> None:
     with pytest.raises(SpecError, match=message):

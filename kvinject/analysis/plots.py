@@ -14,6 +14,7 @@ import pandas as pd
 from ..benchmarks import BENCHMARKS
 from ..benchmarks.outcomes import METRICS as OUTCOMES
 from ..exceptions import KvinjectError
+from ..files import write_with
 from .report import experiment_ids, experiments, primary_rows
 
 
@@ -26,6 +27,14 @@ def _pyplot(option: str) -> Any:
     except ImportError:
         raise KvinjectError(f"{option} needs matplotlib: pip install 'kvinject[plot]'") from None
     return plt
+
+
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    """The figure into ``path`` by way of a temporary sibling (kvinject.files), and closed."""
+    try:
+        write_with(path, lambda tmp: fig.savefig(tmp, dpi=120))
+    finally:
+        plt.close(fig)
 
 
 def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
@@ -70,8 +79,7 @@ def plot(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
         ax.set_title(title, fontsize="small", wrap=True)
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def score_range(rows: pd.DataFrame) -> tuple[float, float]:
@@ -137,8 +145,7 @@ def heatmap(records: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel("depth")
         ax.set_title(f"{label}\n{experiment}", fontsize="small")
     fig.colorbar(image, ax=axes, shrink=0.8)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def family(label: str) -> str:
@@ -241,8 +248,7 @@ def frontier(df: pd.DataFrame, path: Path, metric: str | None = None) -> None:
         ax.set_title(title, fontsize="small")
         # Compressors crowd at equal bits (8.5: q8_0, kivi:4, quant:8): labels moved apart, a line to each point.
         adjust_text(texts, x=x[ok], y=y[ok], ax=ax, arrowprops={"arrowstyle": "-", "color": "gray", "lw": 0.5})
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def sensitivity_map(table: pd.DataFrame, metric: str, title: str, path: Path) -> None:
@@ -259,8 +265,7 @@ def sensitivity_map(table: pd.DataFrame, metric: str, title: str, path: Path) ->
     ax.set_xlabel("layer")
     ax.set_title(title, fontsize="small")
     fig.colorbar(image, ax=ax, label=metric)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def outcomes(df: pd.DataFrame, path: Path) -> None:
@@ -287,8 +292,7 @@ def outcomes(df: pd.DataFrame, path: Path) -> None:
         ax.set_ylim(0, 1)
         ax.set_title(f"{title}, outcomes against the control", fontsize="small")
         ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def fault_map(table: pd.DataFrame, by: list[str], path: Path) -> None:
@@ -312,8 +316,7 @@ def fault_map(table: pd.DataFrame, by: list[str], path: Path) -> None:
         ax.set_ylim(-0.02, min(1.02, max(0.1, highest * 1.1)))
         ax.set_title(f"{Path(str(model)).name}: {bench}, {fmt} cache, {int(part['faults'].sum())} single faults (95% Wilson intervals)", fontsize="small")
         ax.legend(fontsize="x-small", loc="upper left")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def divergence_map(offsets: np.ndarray, grids: list[np.ndarray], labels: list[str], title: str, path: Path) -> None:
@@ -341,5 +344,4 @@ def divergence_map(offsets: np.ndarray, grids: list[np.ndarray], labels: list[st
     axes[-1, 0].set_xlabel("position from the first generated token")
     fig.suptitle(title, fontsize="small")
     fig.colorbar(image, ax=axes[:, 0], label="||x - x_ref|| / ||x_ref||", extend="min")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)

@@ -13,6 +13,7 @@ from ..engine.realized import Realized, RealizedStats
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
 from ..experiments.grid import settings_key
+from ..experiments.schemas import run_file
 
 
 @dataclass
@@ -71,6 +72,7 @@ def output_records(path: Path) -> list[dict[str, Any]]:
         raise KvinjectError(f"no run output at {path}")
     try:
         data = json.loads(Path(path).read_text())
+        run_file(path, data)
         meta, records = data["meta"], data["records"]
         configs = {c["label"]: {k: v for k, v in c.items() if k != "label"} for c in meta["configurations"]}
         control = meta["configurations"][0]["label"]

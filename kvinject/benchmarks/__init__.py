@@ -12,6 +12,7 @@ from typing import Any
 
 from ..exceptions import KvinjectError, SpecError
 from ..plugins import import_modules, load_plugins
+from ..values import unique
 from .base import BENCHMARKS, Benchmark, GenerationBenchmark, Plan, RunResult
 from .options import Options, flag
 
@@ -57,10 +58,14 @@ def data_for(benches: list[str], data: list[str]) -> dict[str, str]:
     for item in data:
         name, eq, path = item.partition("=")
         if eq and name in benches:
+            if name in out:  # the data of one bench, given twice: which one was meant?
+                raise SpecError(f"--data gives {name}'s data twice ({out[name]}, then {path}): give it once")
             out[name] = path
         elif eq and name in BENCHMARKS:  # not a file named "nexttoken=...": a bench left out
             raise SpecError(f"--data {item}: {name} is not a selected bench ({', '.join(benches)}); add --bench {name}")
         elif len(set(benches)) == 1:
+            if benches[0] in out:
+                raise SpecError(f"--data gives {benches[0]}'s data twice ({out[benches[0]]}, then {item}): give it once")
             out[benches[0]] = item
         else:
             raise SpecError(f"with several benches, give --data as BENCH=PATH (got '{item}')")
@@ -68,9 +73,9 @@ def data_for(benches: list[str], data: list[str]) -> dict[str, str]:
 
 
 def make_benches(names: list[str], values: dict[str, Any], data: list[str] = ()) -> list[Benchmark]:
-    """The benchmarks ``names`` (repeats ignored) from command-line values: each takes the
-    values of the options it has; a value that none of them takes is an error, not ignored."""
-    names = list(dict.fromkeys(names))
+    """The benchmarks ``names`` (each once) from command-line values: each takes the values of
+    the options it has; a value that none of them takes is an error, not ignored."""
+    names = unique("--bench", names)
     classes = [bench_class(n) for n in names]
     given = {k: v for k, v in values.items() if v is not None and v != [] and v != ()}
     for key in given:

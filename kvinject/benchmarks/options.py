@@ -13,7 +13,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any, Mapping
 
 from ..exceptions import SpecError
-from ..values import optional, parse_scalar
+from ..values import optional, parse_scalar, split_list, unique
 
 
 def option(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
@@ -86,13 +86,9 @@ def _convert(name: str, f: Field, hint: Any, value: Any) -> Any:
     base, _ = optional(hint)
     if typing.get_origin(base) is tuple:
         (element, _) = typing.get_args(base)
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, (list, tuple)):
+        if not isinstance(value, (str, list, tuple)):
             raise SpecError(f"{name} takes a list (comma-separated on the command line), got {value!r}")
-        # "a,b", ["a", "b"] and, from a repeated flag, ["a,b", "c"] alike
-        parts = [q for p in value for q in (p.split(",") if isinstance(p, str) else [p])]
-        items = tuple(parse_scalar(name, element, p.strip() if isinstance(p, str) else p) for p in parts if p != "")
+        items = tuple(unique(name, [parse_scalar(name, element, p) for p in split_list(name, value)]))
         for item in items:
             _check(name, f, item)
         return items

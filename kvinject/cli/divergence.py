@@ -14,7 +14,9 @@ from ..benchmarks.base import GenerationBenchmark
 from ..engine.target import Target
 from ..error_models.configuration import Configuration, check_selection_applies
 from ..exceptions import KvinjectError
+from ..files import write_text
 from ..jsonutil import dumps
+from ..values import unique
 from .flags import FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, bench_flags, setup_flags
 from .outputs import check_writable
 from .render import console, fmt, progress_bars
@@ -58,17 +60,19 @@ def divergence_command(
     if span not in SPANS:
         raise KvinjectError(f"--span must be one of {', '.join(SPANS)}, got '{span}'")
     values = {k: v for k, v in (bench_values or {}).items() if v not in (None, [], ())}
+    prompt = unique("--prompt", prompt or [])
     if prompt and (bench or data or set(values) - {"max_tokens"}):
         raise KvinjectError("--prompt gives the prompts as text: it takes --max-tokens, not a bench, its data or its options")
     cache = setup.cache
     ref = Configuration.parse(reference, cache=cache)
     selection = Target.parse(target, layers, positions, heads)
-    configs = list(dict.fromkeys(Configuration.parse(e, selection, cache) for e in error))
+    parsed = {e: Configuration.parse(e, selection, cache) for e in error}
+    configs = [parsed[e] for e in unique("--error", error, key=parsed.get)]
     check_selection_applies(selection, configs)
     benches = None if prompt else make_benches([bench or "gsm8k"], values, [data] if data else [])
     if benches:
         check_bench(benches[0])
-    check_writable(heatmap, output)
+    check_writable({"--heatmap": heatmap, "--output": output}, inputs=[data], stdout=["--output"])
     with setup.load() as m:
         prompts = text_prompts(m, prompt, int(values.get("max_tokens", 64))) if prompt else bench_prompts(m, benches[0])
         with progress_bars() as progress:
@@ -76,7 +80,7 @@ def divergence_command(
             result = divergence(m, ref, configs, prompts, seed, lambda n: progress.advance(task, n))
     data_out = {"model": str(m.path), "seed": seed, "cache": cache.to_dict(), **result.to_dict(span)}
     if output:
-        output.write_text(dumps(data_out))
+        write_text(output, dumps(data_out))
     name = Path(str(m.path)).name
     if output_format == "json":
         print(dumps(data_out))

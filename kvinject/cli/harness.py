@@ -11,7 +11,10 @@ from rich.console import Console
 
 from ..benchmarks.lmeval import TASKS
 from ..exceptions import KvinjectError
+from ..files import write_text
 from ..jsonutil import dumps
+from ..values import split_list, unique
+from .outputs import check_writable
 
 # lm-eval's subcommands; without one, lm-eval runs `run`.
 SUBCOMMANDS = ("run", "ls", "validate")
@@ -39,10 +42,10 @@ def lm_eval(ctx: typer.Context) -> None:
     from ..lmeval.model import KvinjectLM  # registers --model kvinject
 
     args = list(ctx.args) or ["run", "--help"]
+    command = args[0] if args[0] in SUBCOMMANDS else "run"
     if "-h" in args or "--help" in args:
         print(PREFACE)
     else:
-        command = args[0] if args[0] in SUBCOMMANDS else "run"
         if command == "run" and not any(a == "--model" or a.startswith("--model=") for a in args):
             args += ["--model", "kvinject"]  # here the default; lm-eval's own is hf
         if not any(a.startswith("--include_path") for a in args):
@@ -52,29 +55,43 @@ def lm_eval(ctx: typer.Context) -> None:
         from ..lmeval.tasks import check_include_path
 
         check_include_path(_value(args, "--include_path"), "--include_path")
+    output = _value(args, "--output_path", "-o")
+    if output and command == "run":
+        path = Path(output)
+        if path.suffix == ".json":  # a file, kvinject's beside it
+            check_writable({"--output_path": path, "kvinject's own": _own_output(path)})
+        else:  # a folder of results (and --log_samples' logs), made if missing
+            check_writable(folders={"--output_path": path})
     sys.argv = ["lm-eval", *args]
     cli_evaluate()
     for lm in KvinjectLM.instances:
         Console(stderr=True).print(f"kvinject: {lm.configuration.label}: {lm.realized_line()}", markup=False, highlight=False, soft_wrap=True)
-    output = _value(args, "--output_path")
     if output and KvinjectLM.instances:  # beside lm-eval's results: what reached the cache
-        path = Path(output)
-        target = path.with_suffix(".kvinject.json") if path.suffix == ".json" else path / "kvinject.json"
+        target = _own_output(Path(output))
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(
-            dumps([{"configuration": lm.configuration.label, **lm.configuration.to_dict(), "realized": lm.realized.summary()} for lm in KvinjectLM.instances])
+        write_text(
+            target,
+            dumps([{"configuration": lm.configuration.label, **lm.configuration.to_dict(), "realized": lm.realized.summary()} for lm in KvinjectLM.instances]),
         )
 
 
+def _own_output(path: Path) -> Path:
+    """Where kvinject's own results (what reached the cache) go, beside lm-eval's at ``path``."""
+    return path.with_suffix(".kvinject.json") if path.suffix == ".json" else path / "kvinject.json"
+
+
 def _check_model_args(args: list[str]) -> None:
-    """Each --model_args piece is key=value. An error spec's comma ends a piece where lm-eval
-    splits them, and lm-eval's own message ("expected `key=value`, got '0.25'") does not say why."""
+    """Each --model_args piece is key=value, each key once. An error spec's comma ends a piece
+    where lm-eval splits them, and lm-eval's own message ("expected `key=value`, got '0.25'")
+    does not say why. --tasks, as every list, names each task once."""
     given = [a.split("=", 1)[1] for a in args if a.startswith("--model_args=")]
     if "--model_args" in args:
         after = args[args.index("--model_args") + 1 :]
         given += after[: next((i for i, a in enumerate(after) if a.startswith("-")), len(after))]
+    keys = []
     for token in given:
         pieces = re.findall(r"""(?:[^,"']|"[^"]*"|'[^']*')+""", token)
+        keys += [piece.split("=", 1)[0].strip() for piece in pieces if "=" in piece]
         for before, piece in zip([None, *pieces], pieces):
             if "=" not in piece and before is not None and "=" in before:
                 key, value = before.split("=", 1)
@@ -82,13 +99,18 @@ def _check_model_args(args: list[str]) -> None:
                     f"--model_args: '{piece}' is no key=value: a comma separates model arguments, so a value that holds one is quoted: "
                     f"""'{key}="{value},{piece}"' (in single quotes for the shell)"""
                 )
+    unique("--model_args", keys)  # lm-eval would keep the last value of a key given twice
+    tasks = _value(args, "--tasks")
+    if tasks:
+        unique("--tasks", split_list("--tasks", tasks))
 
 
-def _value(args: list[str], flag: str) -> str | None:
-    """The value of ``flag`` in lm-eval's arguments (``--flag VALUE`` or ``--flag=VALUE``)."""
+def _value(args: list[str], *flags: str) -> str | None:
+    """The value of one of ``flags`` (a flag and its short form) in lm-eval's arguments
+    (``--flag VALUE`` or ``--flag=VALUE``)."""
     for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
+        if a in flags and i + 1 < len(args):
             return args[i + 1]
-        if a.startswith(flag + "="):
+        if a.startswith(tuple(f + "=" for f in flags)):
             return a.split("=", 1)[1]
     return None

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
+from ..files import write_text
 from .flags import SeedOpt, Setup, bench_flags, setup_flags
 from .outputs import check_writable
 from .render import console, fmt, interrupted, run_sweep
@@ -59,7 +60,7 @@ def profile(
         raise KvinjectError(f"--error {error} puts no error anywhere: give an error model (see `kvinject errors`)")
     (b,) = make_benches([bench], bench_values or {}, [data] if data else [])
     metric = profile_metric(bench, metric)
-    check_writable(heatmap, csv)
+    check_writable({"--heatmap": heatmap, "--csv": csv}, stores={"--store": store}, inputs=[data], stdout=["--csv"])
     given = {k for k, v in (bench_values or {}).items() if v not in (None, [], ())} | ({"data"} if data else set())
     grid = profile_grid(setup.model, b, given, err, cache, setup.backend, runs, seed, store, by_head)
     with Store(grid.path) as s:
@@ -77,7 +78,7 @@ def profile(
         t.add_row(str(layer), *(fmt(row[c], ".4g") for c in table.columns))
     console.print(t)
     if csv:
-        table.to_csv(csv)
+        write_text(csv, table.to_csv())
     if heatmap:
         sensitivity_map(table, metric, f"{name} {bench}: {metric} with {err.spec} in {where}", heatmap)
         Console(stderr=True).print(f"heatmap written to {heatmap}")

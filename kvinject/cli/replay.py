@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ..exceptions import KvinjectError
 from ..jsonutil import dumps
+from ..values import unique
 from .flags import FormatOpt
 from .render import console
 
@@ -31,7 +32,8 @@ def replay(
     from ..analysis.report import control_of, load_records, select
     from ..experiments.replay import replay as replay_item
 
-    records = [r for r in select(load_records(stores), filters or []) if not r["settings"].get("control") and r.get("faults")]
+    stores, filters = unique("replay's stores", stores, key=lambda p: p.resolve()), unique("--filter", filters or [])
+    records = [r for r in select(load_records(stores), filters) if not r["settings"].get("control") and r.get("faults")]
     if run is not None:
         records = [r for r in records if r["run"] == run]
     labels = sorted({f"{r['label']} run {r['run']}" for r in records})

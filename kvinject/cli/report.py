@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from ..exceptions import KvinjectError
+from ..values import split_list, unique
 from .flags import WideOpt, check_format
 from .outputs import check_writable
 from .render import console, print_table
@@ -99,9 +100,11 @@ def report(
     check_format(output_format, FORMATS)
     if metric and all_metrics:
         raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
-    check_writable(plot, heatmap, frontier, outcomes, page)
+    stores = unique("report's stores", stores, key=lambda p: p.resolve())
+    filters, by = unique("--filter", filters or []), unique("--faults", split_list("--faults", faults)) if faults else []
+    check_writable({"--plot": plot, "--heatmap": heatmap, "--frontier": frontier, "--outcomes": outcomes, "--html": page}, inputs=stores)
     check_fit(fit_per_mbit, ctx, faults)
-    records = select(load_records(stores), filters or [])
+    records = select(load_records(stores), filters)
     if board:
         others = [flag for flag, given in (("--faults", faults), ("--metric", metric), ("--all-metrics", all_metrics), ("--plot", plot)) if given]
         others += [flag for flag, given in (("--heatmap", heatmap), ("--frontier", frontier), ("--outcomes", outcomes), ("--wide", wide)) if given]
@@ -126,7 +129,7 @@ def report(
         ]
         if others:
             raise KvinjectError(f"--faults prints a map of its own (--plot draws it): give {', '.join(others)} in another report")
-        _fault_map(records, faults.split(","), output_format, plot, (fit_per_mbit, ctx) if fit_per_mbit is not None else None)
+        _fault_map(records, by, output_format, plot, (fit_per_mbit, ctx) if fit_per_mbit is not None else None)
         return
     df = summarize(records)
     if df.empty:

@@ -13,6 +13,7 @@ from rich.console import Console
 from ..engine.target import Target
 from ..error_models.configuration import configurations
 from ..exceptions import KvinjectError
+from ..files import is_stdout, write_text
 from ..interrupts import caught, exit_code, stopped
 from ..jsonutil import dumps
 from .flags import ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, WideOpt, bench_flags, setup_flags
@@ -66,8 +67,9 @@ def run_command(
     cache = setup.cache
     tgt = Target.parse(target, layers, positions, heads)
     configs = configurations(control, error or [], tgt, cache)
-    check_writable(output, csv)
     benches = make_benches(bench, bench_values or {}, data or [])
+    outputs = {"--output": output, "--csv": csv}
+    check_writable(outputs, stores={"--store": store}, inputs=[b.options.data for b in benches], stdout=outputs)
     with Store(store) if store else temporary_store() as kept, setup.load() as m:  # a bad store fails before the model loads
         report = RunOutput(metadata(m, benches, configs, runs, seed, {"cache": cache.to_dict()}), benches={b.name: b for b in benches})
         with progress_bars() as progress:
@@ -91,12 +93,12 @@ def run_command(
                 caught(e)  # the finished runs are written below, outside this block
         report.records = records(kept, m, benches, configs, runs, seed)
     data = report.to_dict()
-    if output:
-        output.write_text(dumps(data))
+    if output:  # the records are in the store (--store) too; if the file fails, its text is kept
+        write_text(output, dumps(data))
     if csv:
         import pandas as pd
 
-        pd.json_normalize(data["aggregates"]).to_csv(csv, index=False)
+        write_text(csv, pd.json_normalize(data["aggregates"]).to_csv(index=False))
     if output_format == "json":
         print(dumps(data))
     else:
@@ -104,7 +106,7 @@ def run_command(
 
         for b in benches:
             print_table(bench_table(b.name, b.primary, b.secondary, data["aggregates"], wide, console.width))
-        if output:
+        if output and not is_stdout(output):
             console.print(f"[dim]results written to {output}")
     if any(a["changed_nothing"] for a in data["aggregates"]):  # on stderr: --format json's stdout stays JSON
         from ..analysis.tables import NOTHING_NOTE

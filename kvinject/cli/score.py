@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from ..exceptions import KvinjectError
+from ..files import write_text
 from ..jsonutil import dumps
 from .flags import FormatOpt
 from .outputs import check_writable
@@ -32,14 +33,14 @@ def score(
 
     if bench != "ifeval":
         raise KvinjectError(f"only ifeval responses can be scored, got '{bench}'")
-    check_writable(output)
+    check_writable({"--output": output}, inputs=[data, responses], stdout=["--output"])
     items = load_items(data)
     answers = read_responses(responses)
     if not answers:
         raise KvinjectError(f"{responses} holds no response")
     verdicts = score_responses(items, answers, str(responses))
     if output:
-        output.write_text("".join(json.dumps(v.to_dict()) + "\n" for v in verdicts))
+        write_text(output, "".join(json.dumps(v.to_dict()) + "\n" for v in verdicts))
     covered = len({v.prompt for v in verdicts})
     result = {"scored": len(verdicts), "prompts": covered, "prompts_without_response": len(items) - covered, **metrics(verdicts)}
     if output_format == "json":

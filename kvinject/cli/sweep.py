@@ -10,7 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..exceptions import KvinjectError
+from ..values import unique
 from .flags import ParallelOpt, VerboseOpt
+from .outputs import check_writable
 from .render import console, count, interrupted, run_sweep, shell_words
 
 SLURM = "SLURM (clusters)"
@@ -95,13 +97,19 @@ def sweep(
     if status or resubmit:
         if ignored := [*(["--slurm"] if slurm else []), *(name for name in slurm_given if name != "--run-folder"), *(["--shard"] if shard else [])]:
             raise KvinjectError(f"--status and --resubmit take the run folder's own settings: leave out {', '.join(ignored)}")
-        _follow(run_folder or (grid if grid.is_dir() else default_folder(grid)), resubmit)
+        folder = run_folder or (grid if grid.is_dir() else default_folder(grid))
+        if resubmit:  # it records the submission in the folder
+            check_writable(folders={"--run-folder": folder})
+        _follow(folder, resubmit)
         return
     if slurm:
         if shard or store:
             raise KvinjectError("--slurm gives each array task its shard and its store in the run folder: leave out --shard and --store")
-        options = SlurmOptions(tasks or 4, time_limit, partition, gres, cpus_per_task, requeue, tuple(sbatch_args or ()), parallel, max_cells)
-        _submit(grid, run_folder or default_folder(grid), options, dry_run)
+        sbatch = tuple(unique("--sbatch-arg", sbatch_args or []))
+        options = SlurmOptions(tasks or 4, time_limit, partition, gres, cpus_per_task, requeue, sbatch, parallel, max_cells)
+        folder = run_folder or default_folder(grid)
+        check_writable(folders={"--run-folder": folder}, inputs=[grid])
+        _submit(grid, folder, options, dry_run)
         return
     if slurm_given:
         raise KvinjectError(f"{', '.join(slurm_given)} go{'es' if len(slurm_given) == 1 else ''} with --slurm (or --status, --resubmit)")
@@ -117,6 +125,7 @@ def sweep(
     if parallel is not None:
         g.parallel = parallel
     store_path = store or default_store(grid, parsed_shard)
+    check_writable(stores={"--store": store_path}, inputs=[grid])
     if dry_run:  # read what is done and claimed; create and change nothing
         opened = Store(store_path, readonly=True) if store_path.exists() else Store(Path(":memory:"))
     else:

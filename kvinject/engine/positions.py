@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..exceptions import InjectionError, SpecError
-from ..values import parse_int
+from ..values import parse_int, split_list, unique
 
 # The spans generate_all marks on every sequence it decodes.
 GENERATION_SPANS = ("prompt", "generated")
@@ -39,7 +39,7 @@ class Positions:
             return None
         ranges: list[tuple[int, int | None]] = []
         names: set[str] = set()
-        for part in (p.strip().lower() for p in text.split(",")):
+        for part in unique("--positions", [p.lower() for p in split_list("--positions", text)]):
             if _NAME.fullmatch(part):
                 names.add(part)
                 continue

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..exceptions import SpecError
-from ..values import parse_int
+from ..values import parse_int, split_list, unique
 from .positions import Positions
 
 COMPONENTS = ("kv", "k", "v")
@@ -79,8 +79,8 @@ def _parse_indices(text: str | None, noun: str, limit: int) -> frozenset[int] | 
     if text is None or text.strip().lower() in ("", "all"):
         return None
     indices: set[int] = set()
-    for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
+    for part in unique(f"--{noun}s", split_list(f"--{noun}s", text)):
+        lo, sep, hi = part.partition("-")
         try:
             first = parse_int(noun, lo)
             last = parse_int(noun, hi) if sep else first

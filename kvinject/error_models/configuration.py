@@ -11,6 +11,7 @@ from ..engine.perturbation import ErrorModel, Multiplicative, NoError, check_con
 from ..engine.target import Target
 from ..engine.variates import GENERATOR
 from ..exceptions import SpecError
+from ..values import unique
 from .registry import parse_error
 
 
@@ -98,9 +99,10 @@ def configurations(control: str, errors: list[str], target: Target | None = None
     """The control (``control``, e.g. ``none@f32``) and one configuration per error spec, each
     ``ERROR[@K[/V]]`` with ``target`` and ``cache``; a spec equal to the control is dropped."""
     first = Configuration.parse(control, cache=cache)
-    rest = [Configuration.parse(e, target, cache) for e in errors]
+    parsed = {e: Configuration.parse(e, target, cache) for e in errors}
+    rest = [parsed[e] for e in unique("--error", errors, key=parsed.get)]
     check_selection_applies(target, rest)
-    return [first] + [c for c in dict.fromkeys(rest) if c != first]
+    return [first] + [c for c in rest if c != first]
 
 
 def check_selection_applies(target: Target | None, configs: list[Configuration]) -> None:

@@ -24,6 +24,7 @@ from ..engine.target import Target
 from ..error_models import REGISTRY
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError, SpecError
+from ..values import unique
 from .campaign import campaign_size
 
 
@@ -137,7 +138,7 @@ def _values(where: str, value: Any) -> list[Any]:
     if isinstance(value, list):
         if not value:
             raise GridError(f"{where}: empty list")
-        return value
+        return unique(where, value, key=_fmt)  # a value twice would be a cell twice
     return [value]
 
 
@@ -282,7 +283,7 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
         raise GridError(f"{path}: errors must be an array of tables ([[errors]])")
     if not all(isinstance(e, dict) for e in errors):
         raise GridError(f"{path}: each entry of errors must be a table ([[errors]] with model = ... or spec = ...)")
-    specs = [s for i, e in enumerate(errors) for s in _error_specs(f"errors[{i}]", e)]
+    specs = unique("errors", [s for i, e in enumerate(errors) for s in _error_specs(f"errors[{i}]", e)])
     models = [str(m) for m in _values("sweep.models", sweep.get("models", "smollm2"))]
     control_spec = str(sweep.get("control", "none"))
     per_cache = sweep.get("control_per_cache", False)

@@ -20,7 +20,9 @@ from pathlib import Path
 
 from .. import __version__
 from ..exceptions import KvinjectError
+from ..files import write_text
 from .grid import MAX_CELLS, Grid, load_grid
+from .schemas import DamagedError, run_folder
 from .store import Store
 from .sweep import Planned, Sweep, shard_of
 
@@ -98,7 +100,7 @@ class SlurmRun:
             raise KvinjectError(f"{folder} already holds a submitted run: see it with --status, or resubmit its unfinished tasks with --resubmit")
         run = cls.draft(grid, folder, options)
         (run.folder / "logs").mkdir(parents=True, exist_ok=True)
-        (run.folder / SCRIPT).write_text(run.script(options))
+        write_text(run.folder / SCRIPT, run.script(options), keep=False)
         return run
 
     @classmethod
@@ -112,13 +114,14 @@ class SlurmRun:
             saved = json.loads((folder / RUN_FILE).read_text())
         except FileNotFoundError:
             raise KvinjectError(f"{folder} is not a run folder of kvinject sweep --slurm (no {RUN_FILE} in it)") from None
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise DamagedError(f"{folder / RUN_FILE}: damaged ({e}); restore it, or submit the grid again into a new run folder (--run-folder)") from None
+        run_folder(folder / RUN_FILE, saved)
         return cls(folder.resolve(), Path(saved["grid"]), saved["tasks"], Path(saved["workdir"]), saved["max_cells"], saved["submissions"])
 
     def save(self) -> None:
         saved = {"grid": str(self.grid), "tasks": self.tasks, "workdir": str(self.workdir), "max_cells": self.max_cells, "submissions": self.submissions}
-        tmp = self.folder / f"{RUN_FILE}.tmp"
-        tmp.write_text(json.dumps(saved, indent=1) + "\n")
-        tmp.replace(self.folder / RUN_FILE)
+        write_text(self.folder / RUN_FILE, json.dumps(saved, indent=1) + "\n")
 
     def store(self, task: int) -> Path:
         return self.folder / f"shard{task}of{self.tasks}.results.sqlite"

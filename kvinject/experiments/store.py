@@ -29,6 +29,7 @@ from typing import Any, Self
 from ..exceptions import KvinjectError
 from ..jsonutil import clean
 from ..record_format import stamp
+from .schemas import store_row
 
 APPLICATION_ID = int.from_bytes(b"kvij", "big")
 SCHEMA_VERSION = 1  # runs.worker and the claims table; the unstamped stores of earlier versions have neither
@@ -226,7 +227,7 @@ class Store:
     def records(self) -> Iterator[dict[str, Any]]:
         with self._errors():
             for cell, run, settings, record in self._db.execute("SELECT cell, run, settings, record FROM runs ORDER BY rowid"):
-                yield {"cell": cell, "run": run, "settings": json.loads(settings), **json.loads(record)}
+                yield store_row(self.path, cell, run, settings, record)
 
     def dates(self) -> tuple[str, str]:
         """When its first and last run were written (UTC, as SQLite's datetime); empty where it holds none."""

@@ -80,6 +80,7 @@ class Sweep:
         self.worker = Worker()
         self.claim_timeout = claim_timeout  # seconds without a heartbeat after which a claim is taken over
         self.poll = poll  # seconds between looks at the store while everything left is claimed
+        self._rows_checked = False
         self._controls = {c.group: c for c in self.cells if c.control}
         self._loaded = dict(models or {})
         self._sha = {spec: m.sha256 for spec, m in self._loaded.items()}
@@ -115,7 +116,11 @@ class Sweep:
 
     def plan(self) -> list[Planned]:
         """What is left of every cell; a cell the model cannot run (--layers or --heads beyond its own)
-        fails here, before anything runs."""
+        fails here, before anything runs, as does a damaged run in the store (which a report could not read)."""
+        if not self._rows_checked:
+            for _ in self.store.records():  # each row read as a report reads it: refused if damaged
+                pass
+            self._rows_checked = True
         done = self.store.done()
         out = []
         for cell in self.cells:

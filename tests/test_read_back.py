@@ -1,0 +1,131 @@
+"""What kvinject reads back is checked as it is read (kvinject/experiments/schemas.py): a results
+store's rows, `kvinject run --output` files and SLURM run folders. Every field of a real row,
+file and run.json is damaged in turn (removed, null, text, a list), and the commands that read
+them must either accept it or refuse it in one line that names the file: never a traceback. A
+field the analysis reads that no schema checks is found here the day it is added."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.cli_tree import invoke
+
+GRID = '[sweep]\nruns = 1\n[bench.nexttoken]\nlimit = 2\n[[errors]]\nspec = "normal:0,0.5"\n'
+BROKEN = [None, "x", [], {}]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory, tiny_path: Path) -> Path:
+    """A store of a control and one configuration, and the same runs as a run --output file."""
+    folder = tmp_path_factory.mktemp("made")
+    grid = folder / "g.toml"
+    grid.write_text(GRID.replace("[sweep]", f'[sweep]\nmodels = ["{tiny_path}"]'))
+    assert invoke(["sweep", grid, "--store", folder / "s.results.sqlite"])[0] == 0
+    code, said = invoke(["run", "-b", "nexttoken", "--limit", "2", "--runs", "1", "-e", "normal:0,0.5", "--model", tiny_path, "-o", folder / "r.json"])
+    assert code == 0, said
+    return folder
+
+
+def paths(value: Any, at: tuple = ()) -> Iterator[tuple]:
+    """Every key path in a JSON value; of a list, the list and its first element."""
+    yield at
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from paths(v, (*at, k))
+    elif isinstance(value, list) and value:
+        yield from paths(value[0], (*at, 0))
+
+
+def damaged(value: Any, at: tuple, broken: Any) -> Any:
+    """``value`` with the field at ``at`` set to ``broken`` (``...``: removed)."""
+    value = json.loads(json.dumps(value))
+    parent = value
+    for k in at[:-1]:
+        parent = parent[k]
+    if broken is ...:
+        del parent[at[-1]]
+    else:
+        parent[at[-1]] = broken
+    return value
+
+
+def one_line_or_accepted(args: list[object], where: Path) -> None:
+    """Exit 0, or 2 with one line (a field the schema refuses: naming ``where``; one the
+    analysis finds wanting, such as a control no longer marked one, as it says so)."""
+    code, said = invoke(args)  # a traceback is raised here, out of the test
+    assert code == 0 or (code == 2 and "\n" not in said.strip()), said
+    if code == 2 and ("damaged" in said or "written by kvinject run" in said):
+        assert said.startswith(str(where)), said
+
+
+def test_the_rows_of_the_issue_are_refused_by_report_and_sweep(made, tmp_path):
+    """`UPDATE runs SET record='{'` (or 'null', or settings='{}') ended report in a traceback
+    while sweep --store took the store as it was."""
+    for update in ("record = '{'", "record = 'null'", "settings = '{}'", "record = json_set(record, '$.metrics.accuracy', 'high')"):
+        store = tmp_path / "s.results.sqlite"
+        shutil.copy(made / "s.results.sqlite", store)
+        with sqlite3.connect(store) as db:
+            db.execute(f"UPDATE runs SET {update} WHERE rowid = 1")
+        for args in (["report", store], ["sweep", made / "g.toml", "--store", store], ["sweep", made / "g.toml", "--store", store, "--dry-run"]):
+            code, said = invoke(args)
+            assert code == 2 and said.startswith(f"{store}: the run stored as cell ") and "is damaged" in said and "DELETE FROM runs" in said, (update, said)
+
+
+def test_every_field_of_a_stored_row_damaged_is_accepted_or_refused_in_one_line(made, tmp_path):
+    store = tmp_path / "s.results.sqlite"
+    with sqlite3.connect(made / "s.results.sqlite") as db:
+        rows = db.execute("SELECT rowid, settings, record FROM runs").fetchall()
+    for rowid, *columns in rows:
+        for column, text in zip(("settings", "record"), columns):
+            value = json.loads(text)
+            for at in [p for p in paths(value) if p]:
+                for broken in [..., *BROKEN]:
+                    shutil.copy(made / "s.results.sqlite", store)
+                    with sqlite3.connect(store) as db:
+                        db.execute(f"UPDATE runs SET {column} = ? WHERE rowid = ?", (json.dumps(damaged(value, at, broken)), rowid))
+                    one_line_or_accepted(["report", store], store)
+
+
+def test_every_field_of_a_run_file_damaged_is_accepted_or_refused_in_one_line(made, tmp_path):
+    """A `run --output` file edited by hand ("accuracy": "high", a label of no configuration)
+    ended report in ValueError or KeyError."""
+    document = json.loads((made / "r.json").read_text())
+    document["records"] = document["records"][-1:]  # the configuration's: its control is aggregated with it
+    edited = tmp_path / "r.json"
+    for at in [p for p in paths({"meta": document["meta"], "records": document["records"]}) if p and p[0] != "aggregates"]:
+        for broken in [..., *BROKEN, "high"]:
+            edited.write_text(json.dumps(damaged(document, at, broken)))
+            one_line_or_accepted(["report", edited], edited)
+    for record, label in ((0, "bogus"), (-1, "none ")):
+        edited.write_text(json.dumps(damaged(document, ("records", record, "label"), label)))
+        code, said = invoke(["report", edited])
+        assert code == 2 and "is none of the run's configurations" in said
+
+
+def test_every_field_of_a_run_folder_damaged_is_refused_in_one_line(made, tmp_path):
+    """A damaged run.json ended `sweep DIR --status` in a traceback."""
+    folder = tmp_path / "g.slurm"
+    folder.mkdir()
+    saved = {"grid": str(made / "g.toml"), "tasks": 2, "workdir": str(tmp_path), "max_cells": 5000, "submissions": [{"job": "7", "tasks": [0, 1], "time": 1}]}
+    for at in [p for p in paths(saved) if p and p != ("submissions", 0, "time")]:
+        for broken in [..., *BROKEN, -1, 9]:
+            if broken in (-1, 9) and at not in (("tasks",), ("submissions", 0, "tasks", 0)):
+                continue
+            (folder / "run.json").write_text(json.dumps(damaged(saved, at, broken)))
+            code, said = invoke(["sweep", folder, "--status"])  # a sound one ends where the scheduler is asked (none answers here)
+            assert code in (0, 2), said  # no submission, or one without its time, is a sound run folder
+            out_of_range = {(("tasks",), -1), (("submissions", 0, "tasks", 0), -1), (("submissions", 0, "tasks", 0), 9)}
+            # no key may be missing nor any field null; tasks count from 0 to tasks - 1
+            missing = broken is ... and not isinstance(at[-1], int)  # a key, not a list's element
+            if missing or broken is None or (isinstance(broken, int) and (at, broken) in out_of_range):
+                assert said.startswith(f"{folder / 'run.json'}: damaged ("), (at, broken, said)
+    for text in ("{", "null", ""):
+        (folder / "run.json").write_text(text)
+        code, said = invoke(["sweep", folder, "--status"])
+        assert code == 2 and said.startswith(f"{folder / 'run.json'}: damaged ("), said

@@ -173,7 +173,7 @@ def test_lm_eval_lists_are_checked():
         _check_model_args(["--model_args", "error=none,seed=1,error=none"])
     with pytest.raises(SpecError, match="--tasks gives 'gsm8k' twice"):
         _check_model_args(["--tasks", "gsm8k,gsm8k"])
-    with pytest.raises(SpecError, match="--layers gives '1' twice"):
+    with pytest.raises(SpecError, match="--model_args: layers gives '1' twice"):
         from kvinject.lmeval.settings import Settings
 
         Settings.parse({"layers": "1,1"})

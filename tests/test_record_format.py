@@ -19,6 +19,8 @@ from kvinject.experiments.store import Store
 from kvinject.experiments.sweep import Sweep
 from kvinject.record_format import FORMATS, RECORD_FORMAT
 
+from .stored import RECORD, SETTINGS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 GRID = """
@@ -51,7 +53,7 @@ def rows(path: Path) -> dict[tuple[str, int], str]:
 
 def test_a_stored_record_carries_its_format_and_kvinject_s_version(tmp_path):
     with Store(tmp_path / "s.sqlite") as store:
-        store.add("cell", 0, {}, {"items": {}})
+        store.add("cell", 0, dict(SETTINGS), dict(RECORD))
         (record,) = store.records()
     assert (record["format"], record["kvinject"]) == (RECORD_FORMAT, __version__)
 
@@ -84,6 +86,7 @@ def test_the_docs_list_every_record_format():
 
 def test_a_run_output_of_kvinject_0_1_0_without_options_says_to_run_again(tmp_path):
     path = tmp_path / "results.json"
-    path.write_text(json.dumps({"meta": {"configurations": [{"label": "none", "error": "none"}]}, "records": []}))
+    meta = {"model": "m.gguf", "model_sha256": "0" * 64, "seed": 0, "configurations": [{"label": "none", "error": "none"}]}
+    path.write_text(json.dumps({"meta": meta, "records": []}))
     with pytest.raises(KvinjectError, match="written by kvinject 0.1.0 before `run --output` recorded the benches' options.*run it again"):
         load_records([path])

@@ -51,10 +51,11 @@ def lm_eval(ctx: typer.Context) -> None:
         if not any(a.startswith("--include_path") for a in args):
             args += ["--include_path", str(TASKS)]  # kvinject's own tasks; lm-eval's CLI takes one folder
     _check_model_args(args)
-    if _value(args, "--include_path") is not None:
+    include = _value(args, "--include_path")
+    if include is not None:
         from ..lmeval.tasks import check_include_path
 
-        check_include_path(_value(args, "--include_path"), "--include_path")
+        check_include_path(include, "--include_path")
     output = _value(args, "--output_path", "-o")
     if output and command == "run":
         path = Path(output)

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvinject.analysis.plots import family, interval, pareto
+from kvinject.analysis.plots import family, interval
+from kvinject.experiments.allocation import pareto
 
 from .cli_runs import PNG, kvinject, swept
 

@@ -94,5 +94,5 @@ def test_a_model_that_acts_on_every_layer_at_once_is_refused_as_the_profiles_lim
     from kvinject.experiments.profile import profile_grid
 
     with pytest.raises(KvinjectError, match="no per-layer profile") as e:
-        profile_grid(None, make_bench("nexttoken", {"limit": 1}), set(), parse_error("evict:streaming,0.5"), CacheOptions(), BackendOptions())
+        profile_grid(None, make_bench("nexttoken", {"limit": 1}), set(), [parse_error("evict:streaming,0.5")], CacheOptions(), BackendOptions())
     assert "--target" not in str(e.value)

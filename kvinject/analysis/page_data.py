@@ -16,8 +16,9 @@ import pandas as pd
 
 from ..benchmarks import BENCHMARKS
 from ..exceptions import KvinjectError
+from ..experiments.allocation import pareto
 from ..experiments.store import Store
-from .plots import bits_column, cell_scores, family, frontier_points, pareto
+from .plots import bits_column, cell_scores, family, frontier_points
 from .report import _setting, experiments, render, store_paths, study_table, varying
 from .tables import NOTHING_MARK, fmt, span
 

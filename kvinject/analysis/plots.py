@@ -14,6 +14,7 @@ import pandas as pd
 from ..benchmarks import BENCHMARKS
 from ..benchmarks.outcomes import METRICS as OUTCOMES
 from ..exceptions import KvinjectError
+from ..experiments.allocation import pareto
 from ..files import write_with
 from .report import experiment_ids, experiments, primary_rows
 
@@ -157,18 +158,6 @@ def family(label: str) -> str:
     if name == "evict":
         return "evict " + re.split(r"[,\s@]", label.partition(":")[2], maxsplit=1)[0]
     return name
-
-
-def pareto(bits: np.ndarray, score: np.ndarray, higher_is_better: bool) -> np.ndarray:
-    """Indices of the points no other point beats at no more bits, by increasing bits."""
-    order = np.lexsort((-score if higher_is_better else score, bits))
-    front, best = [], None
-    for i in order:
-        s = score[i] if higher_is_better else -score[i]
-        if best is None or s > best:
-            front.append(i)
-            best = s
-    return np.array(front, dtype=int)
 
 
 def interval(row: pd.Series) -> tuple[float, float]:

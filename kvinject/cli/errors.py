@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from ..error_models import REGISTRY
+from ..error_models.composite import Composite
 from .render import console
 
 
@@ -17,7 +18,7 @@ def errors() -> None:
     console.print("Error models (--error SPEC)", style="bold", highlight=False)
     # The multiplicative noise models first (the study's), then the rest as registered; a syntax
     # line each, whole (a table column folded it mid-token), its meaning and an example below.
-    for cls in sorted(REGISTRY.values(), key=lambda c: not issubclass(c, Multiplicative)):
+    for cls in [*sorted(REGISTRY.values(), key=lambda c: not issubclass(c, Multiplicative)), Composite]:
         console.print(Text(cls.syntax, style="bold cyan"), soft_wrap=True)
         console.print(Padding(Text(cls.summary), (0, 0, 0, 4), expand=False))
         console.print(Padding(Text(f"e.g. {cls.example}", style="green"), (0, 0, 1, 4), expand=False))

@@ -62,7 +62,7 @@ def profile(
     metric = profile_metric(bench, metric)
     check_writable({"--heatmap": heatmap, "--csv": csv}, stores={"--store": store}, inputs=[data], stdout=["--csv"])
     given = {k for k, v in (bench_values or {}).items() if v not in (None, [], ())} | ({"data"} if data else set())
-    grid = profile_grid(setup.model, b, given, err, cache, setup.backend, runs, seed, store, by_head)
+    grid = profile_grid(setup.model, b, given, [err], cache, setup.backend, runs, seed, store, by_head)
     with Store(grid.path) as s:
         try:
             run_sweep(Sweep(grid, s))

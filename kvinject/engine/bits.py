@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from .ggml import BITS_PER_VALUE
 from .options import CacheOptions
 from .perturbation import ErrorModel
@@ -31,11 +33,18 @@ def cache_bits(
     evicted token stores nothing, so the bits scale by the kept fraction."""
     total = 0.0
     row_k, row_v = n_head_kv * head_dim_k, n_head_kv * head_dim_v
+    parts = error.parts_on(target) if error.injects else ()
     for component, row, cache_type in (("k", row_k, cache.type_k), ("v", row_v, cache.type_v)):
         stored = BITS_PER_VALUE[cache_type]
-        selected = row if target.heads is None else len(target.heads) * row // n_head_kv  # what a compressor's per-row overhead spreads over
-        compressed = min(stored, error.bits_per_element(stored, component, lengths, selected))
-        targeted = sum(target.wants(component, il) for il in range(n_layer)) * target.share(n_head_kv) if error.injects else 0
-        total += row * (targeted * compressed + (n_layer - targeted) * stored)
+        for il in range(n_layer):
+            # Per head of the layer: the stored bits scaled by each part's ratio (a compressor's
+            # on its values, eviction's on every token), a part that stacks on another multiplying.
+            heads = np.ones(n_head_kv)
+            for model, where in parts:
+                if where.wants(component, il):
+                    selected = row if where.heads is None else len(where.heads) * row // n_head_kv  # what a compressor's per-row overhead spreads over
+                    ratio = min(stored, model.bits_per_element(stored, component, lengths, selected)) / stored
+                    heads[sorted(where.heads) if where.heads is not None else slice(None)] *= ratio
+            total += row * stored * heads.mean()
     kept_fraction = sum(kept) / sum(lengths) if sum(kept) else 1.0
     return total / (n_layer * (row_k + row_v)) * kept_fraction

@@ -185,7 +185,7 @@ class Context:
         n_cells = ll.llama_n_ctx(self._ptr)
         cache = ResidentCache(
             resident,
-            self.target,
+            self.error.split(self.target)[1],
             model.n_layer,
             n_cells,
             lambda seq, p0, p1: ll.llama_memory_seq_rm(memory, seq, p0, p1),

@@ -37,6 +37,7 @@ from .cache_writes import CacheWrites, Writes
 from .device import DeviceChange
 from .graph_plan import GraphNode, GraphPlan
 from .hidden import HiddenCells
+from .native_errors import LEARN_CAPACITY, native_error
 from .perturbation import ErrorModel
 from .queries import Queries
 from .realized import Realized, RealizedStats, Staging, Workspace
@@ -47,7 +48,6 @@ from .variates import DecodeNoise, Draws, Variates
 # The Python side of changes the compiled callback hands back: how many (tensor, site, at) it queued.
 _APPLY = ctypes.CFUNCTYPE(None, ctypes.c_int64)
 _TAGGED_K = re.compile(rb"Kcur_[a-z_]{0,9}-(\d+)")  # what the compiled callback's _site takes for K before RoPE
-LEARN_CAPACITY = 1 << 17  # graph nodes recorded while learning (llama.cpp's graphs hold a few thousand)
 
 
 class KVHook:
@@ -68,7 +68,9 @@ class KVHook:
         self.error = error
         self.entry = entry = error.at_entry
         self.row = {"k": row_k, "v": row_v}
-        self._expected = {(c, il) for il in range(n_layer) for c in "kv" if target.wants(c, il)}
+        claimed, stored = error.split(target)  # a composite's entry and resident parts each act on their own sites
+        self._expected = _sites(claimed if entry is not None else stored, n_layer)
+        self._resident_sites = _sites(stored, n_layer) if error.resident is not None else set()
         self._expected_rows = np.array(sorted(_site(c, il) for c, il in self._expected), np.int64)
         self._decodes = 0  # decodes that perturbed every targeted site once
         self._python_realized = Realized.empty()  # what the Python side changed
@@ -135,7 +137,7 @@ class KVHook:
             ctypes.cast(fn, ctypes.c_void_p).value
             for fn in (ggml.lib().ggml_backend_buffer_is_host, ggml.lib().ggml_is_contiguous, ggml.lib().ggml_backend_buffer_name)
         )
-        self.writes = None if entry is not None else CacheWrites(head, n_layer)
+        self.writes = CacheWrites(head, n_layer) if error.resident is not None else None
         self.attention: AttentionSums | None = None
         self.hidden: HiddenCells | None = None
         self.queries: Queries | None = None
@@ -175,7 +177,7 @@ class KVHook:
         decoded alone, so an item's noise does not depend on what shares its decodes. With
         ``--positions``, ``mask`` says which rows get the error; the others' noise is drawn
         all the same and left unused, so the noise of a row does not depend on the mask."""
-        head = self._head
+        head, entry = self._head, self.entry
         head[gh.ROWS] = sum(rows for _, rows in segments)
         head[gh.AT] = 0
         self._mask = mask
@@ -191,14 +193,14 @@ class KVHook:
             self.attention.layout(int(head[gh.ROWS]))
         if self.queries is not None:
             self.queries.layout(int(head[gh.ROWS]))
-        if self.writes is None and self.error.random:  # a cache-resident model draws its own
+        if entry is not None and entry.random:  # a cache-resident model draws its own
             self._noise = noise = DecodeNoise([(draws.block(rows * self._width), rows) for draws, rows in segments], [draws for draws, _ in segments])
         if self._device is not None:  # before the claims launch kernels
             self._device.lay_out_decode(self._noise, mask, int(head[gh.ROWS]))
-        if self.writes is not None or not head[gh.NATIVE]:
+        if not head[gh.NATIVE]:
             head[gh.N_SEG] = 0
             return
-        if self.error.random:
+        if entry.random:
             runs = [(np.uint64(block.variates.key).view(np.int64), block.start, rows) for block, rows in noise.blocks]
         else:  # compiled without noise (a rounding): one run of every row
             runs = [(0, 0, head[gh.ROWS])]
@@ -370,7 +372,7 @@ class KVHook:
     @property
     def site_counts(self) -> dict[tuple[str, int], int]:
         """(component, layer) -> cache writes perturbed."""
-        return {site: self._decodes for site in self._expected}
+        return {site: self._decodes for site in self._expected | self._resident_sites}
 
     @property
     def realized(self) -> Realized:
@@ -392,42 +394,48 @@ class KVHook:
         cache-resident model, returns where the decode wrote K and V."""
         try:
             self._raise_errors()
-            if self.writes is not None:
-                writes = self.writes.read()
-                writes.check(self._expected)
-                self._decodes += 1
-                if self.queries is not None:
-                    writes = replace(writes, queries=self.queries.read())
-                return writes if self.attention is None else replace(writes, attention=self.attention.read(self._n_layer))
-            if self._blocks is not None:
-                self._blocks.check_written()
-            hits = self._sites[self._expected_rows, gh.HITS]
-            if (hits != 1).any():
-                missing = sorted(("kv"[s & 1], s // 2) for s, n in zip(self._expected_rows.tolist(), hits.tolist()) if n == 0)
-                raise InjectionError(
-                    f"this decode perturbed {np.count_nonzero(hits)} of the {len(hits)} targeted "
-                    f"K/V cache writes (missing e.g. {missing[:4]}); was the decode larger than one ubatch?"
-                )
+            writes = self._read_writes() if self.writes is not None else None
+            if self.entry is not None:
+                self._check_claims()
             self._decodes += 1
-            self._total_sums += self._sums
-            self._total_outside += self._outside_sums
-            if self._device is not None and self._device.laid_out:
-                self._device.fold(keep=True)
-            for c in "kv":
-                staged = self._staged[c]
-                if staged.sites:
-                    before, after = staged.before[: staged.n], staged.after[: staged.n]
-                    keep = self._kept(c)
-                    shape = (staged.sites, *keep.shape) if keep is not None else None
-                    unchanged = self.entry.unchanged(before)
-                    if unchanged is not before and keep is not None:  # the values left out are the same as before
-                        unchanged.reshape(shape)[:, keep] = before.reshape(shape)[:, keep]
-                    getattr(self._python_realized, c).add(unchanged, after, staged.sites, self._work)
-                    if keep is not None:  # the values left out, site by site
-                        getattr(self._python_outside, c).add(before.reshape(shape)[:, keep], after.reshape(shape)[:, keep], staged.sites, self._work)
-            return None
+            return writes
         finally:
             self._reset()
+
+    def _read_writes(self) -> Writes:
+        writes = self.writes.read()
+        writes.check(self._resident_sites)
+        if self.queries is not None:
+            writes = replace(writes, queries=self.queries.read())
+        return writes if self.attention is None else replace(writes, attention=self.attention.read(self._n_layer))
+
+    def _check_claims(self) -> None:
+        """Every targeted K/V claimed once; this decode's changes folded into the statistics."""
+        if self._blocks is not None:
+            self._blocks.check_written()
+        hits = self._sites[self._expected_rows, gh.HITS]
+        if (hits != 1).any():
+            missing = sorted(("kv"[s & 1], s // 2) for s, n in zip(self._expected_rows.tolist(), hits.tolist()) if n == 0)
+            raise InjectionError(
+                f"this decode perturbed {np.count_nonzero(hits)} of the {len(hits)} targeted "
+                f"K/V cache writes (missing e.g. {missing[:4]}); was the decode larger than one ubatch?"
+            )
+        self._total_sums += self._sums
+        self._total_outside += self._outside_sums
+        if self._device is not None and self._device.laid_out:
+            self._device.fold(keep=True)
+        for c in "kv":
+            staged = self._staged[c]
+            if staged.sites:
+                before, after = staged.before[: staged.n], staged.after[: staged.n]
+                keep = self._kept(c)
+                shape = (staged.sites, *keep.shape) if keep is not None else None
+                unchanged = self.entry.unchanged(before)
+                if unchanged is not before and keep is not None:  # the values left out are the same as before
+                    unchanged.reshape(shape)[:, keep] = before.reshape(shape)[:, keep]
+                getattr(self._python_realized, c).add(unchanged, after, staged.sites, self._work)
+                if keep is not None:  # the values left out, site by site
+                    getattr(self._python_outside, c).add(before.reshape(shape)[:, keep], after.reshape(shape)[:, keep], staged.sites, self._work)
 
     def abort_decode(self) -> None:
         """Call after a failed llama_decode: re-raises an error from inside the callback, which
@@ -446,31 +454,10 @@ class KVHook:
         self._raise_native_error()
 
     def _raise_native_error(self) -> None:
-        head = self._head
-        code, site, value = head[[gh.ERROR, gh.ERROR_SITE, gh.ERROR_VALUE]].tolist()
-        if not code:
-            return
-        head[gh.ERROR] = 0
-        name = self._node_name("kv"[site & 1], site // 2).decode()
-        if code == gh.MISMATCH:
-            raise InjectionError(
-                f"graph node '{name}' does not match the graph learned at the first decode; "
-                "kvinject does not support models whose graph changes shape between decodes"
-            )
-        if code == gh.NOT_F32:
-            raise ModelError(f"'{name}' is not a contiguous f32 tensor; kvinject cannot perturb it")
-        if code == gh.BAD_ROWS:
-            raise InjectionError(f"the cache write '{name}' of {value} values does not split into the {head[gh.ROWS]} rows of this decode")
-        if code == gh.WRITES_OVERFLOW:
-            raise ModelError(f"this model's graph writes the KV cache more often than kvinject can record ({value} writes)")
-        if code == gh.BAD_SOFT_MAX:
-            raise ModelError("eviction by attention reads contiguous f32 attention weights of one stream in host memory, and this graph's are not (a GPU?)")
-        if code in (gh.LAUNCH_FAILED, gh.SYNCHRONIZE_FAILED):
-            what = "launch the K/V kernel at" if code == gh.LAUNCH_FAILED else "finish the K/V kernel of"
-            raise InjectionError(f"the CUDA driver could not {what} '{name}' (CUDA error {value}); KVINJECT_DEVICE_KERNELS=0 copies K/V to the host instead")
-        if code == gh.BAD_INDEX:
-            raise ModelError("this model's graph indexes its KV cache writes with a type other than int64; kvinject cannot follow them")
-        raise ModelError(f"this model's graph has more than {LEARN_CAPACITY} nodes; kvinject cannot learn it")
+        code, site, value = self._head[[gh.ERROR, gh.ERROR_SITE, gh.ERROR_VALUE]].tolist()
+        if code:
+            self._head[gh.ERROR] = 0
+            raise native_error(code, self._node_name("kv"[site & 1], site // 2).decode(), value, int(self._head[gh.ROWS]))
 
     def _reset(self) -> None:
         self._sites[:, gh.SEEN :] = 0
@@ -492,6 +479,10 @@ class KVHook:
             self.writes.reset()
         if self.attention is not None:
             self.attention.reset()
+
+
+def _sites(target: Target, n_layer: int) -> set[tuple[str, int]]:
+    return {(c, il) for il in range(n_layer) for c in "kv" if target.wants(c, il)}
 
 
 def _site(component: str, layer: int) -> int:

@@ -104,6 +104,22 @@ class ErrorModel(ABC):
         """Puts error into the cache, at entry or resident: a context hooks its graph for it."""
         return self.at_entry is not None or self.resident is not None
 
+    @property
+    def changes_values(self) -> bool:
+        """Changes values of the cache (eviction removes tokens instead, and may stack on a model
+        that changes them, kvinject/error_models/composite.py)."""
+        return self.injects
+
+    def parts_on(self, target: Target) -> tuple[tuple[ErrorModel, Target], ...]:
+        """The models a configuration applies and where each acts: itself on ``target`` (a
+        composite: each part on its own)."""
+        return ((self, target),)
+
+    def split(self, target: Target) -> tuple[Target, Target]:
+        """Where its entry part and its resident part act: both on ``target`` (a composite's
+        parts each on their own K/V and layers)."""
+        return target, target
+
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
         """Bits per element of K or V (``component``) a compressor producing this model's values
         would store, scales and zero points included, when the cache stores ``stored`` bits per

@@ -11,7 +11,8 @@ freed with ``llama_memory_seq_rm``, and the other tokens keep their positions.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -77,6 +78,7 @@ class ResidentCache:
     ):
         self.model = model
         self.sites = tuple((c, il) for c in "kv" for il in range(n_layer) if target.wants(c, il))
+        self._part: int | None = None  # the composite's part acting now (:meth:`acting`)
         self.realized = Realized.empty()
         self._n_layer = n_layer
         self._n_head_kv = n_head_kv
@@ -253,8 +255,19 @@ class ResidentCache:
         return spans[-1][1] if spans else None
 
     def state(self, seq: int) -> dict[str, object]:
-        """What the model keeps about ``seq`` from decode to decode (cleared with it)."""
-        return self._seqs[seq].state
+        """What the model keeps about ``seq`` from decode to decode (cleared with it); a
+        composite's parts each their own."""
+        state = self._seqs[seq].state
+        return state if self._part is None else state.setdefault(f"part {self._part}", {})
+
+    @contextmanager
+    def acting(self, part: int, target: Target) -> Iterator[None]:
+        """Run a composite's ``part`` on the sites of ``target`` only, with a state of its own."""
+        sites, self.sites, self._part = self.sites, tuple(s for s in self.sites if target.wants(*s)), part
+        try:
+            yield
+        finally:
+            self.sites, self._part = sites, None
 
     def draws(self, seq: int) -> Draws | None:
         """The random stream of the item on ``seq`` (for models that draw)."""

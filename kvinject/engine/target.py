@@ -22,6 +22,9 @@ class Target:
     layers: frozenset[int] | None = None  # None: every layer
     positions: Positions | None = None  # None: every cached token
     heads: frozenset[int] | None = None  # KV heads (of n_head_kv); None: every head
+    # The (component, layer) pairs wanted where they are no product of components and layers (a
+    # composite's parts, kvinject/error_models/composite.py); layer None: every layer.
+    cells: frozenset[tuple[str, int | None]] | None = None
 
     def __post_init__(self) -> None:
         if self.components not in COMPONENTS:
@@ -32,6 +35,8 @@ class Target:
         return cls(components.strip().lower(), parse_layers(layers), Positions.parse(positions), parse_heads(heads))
 
     def wants(self, component: str, layer: int) -> bool:
+        if self.cells is not None:
+            return (component, layer) in self.cells or (component, None) in self.cells
         return component in self.components and (self.layers is None or layer in self.layers)
 
     def check(self, n_layer: int, n_head_kv: int) -> None:

@@ -12,6 +12,7 @@ from ..engine.target import Target
 from ..engine.variates import GENERATOR
 from ..exceptions import SpecError
 from ..values import unique
+from .composite import Composite, format_where
 from .registry import parse_error
 
 
@@ -35,7 +36,10 @@ class Configuration:
                 raise SpecError(f"'{spec}': after @ give the cache types as K or K/V, each one of {', '.join(CACHE_TYPES)}")
             cache = replace(cache, type_k=type_k, type_v=type_v or type_k)
         model = parse_error(error)
-        target = (target or Target()) if model.injects else Target()  # no error, no target
+        if isinstance(model, Composite):
+            model, target = _composite(model, target or Target())
+        else:
+            target = (target or Target()) if model.injects else Target()  # no error, no target
         model.check_target(target, cache)
         model = model.stored(cache, target.components)
         return cls(model, target, cache)
@@ -54,6 +58,14 @@ class Configuration:
         check_configuration(self.error, self.target, self.cache, shape)
 
     @property
+    def spec(self) -> str:
+        """The error spec that names this configuration with its target in brackets
+        (kvinject/error_models/composite.py), positions and cache types aside: a composite's own."""
+        if isinstance(self.error, Composite) or not self.error.injects:
+            return self.error.spec
+        return f"{self.error.spec}{format_where(replace(self.target, positions=None))}"
+
+    @property
     def label(self) -> str:
         """``ERROR [target:layers pos:POSITIONS heads:HEADS] @K/V``; the target, positions, heads and
         cache types only when not the defaults (every layer, position and head of K and V, f16 cache)."""
@@ -61,6 +73,8 @@ class Configuration:
         positions = "" if t.positions is None else f" pos:{t.positions.spec}"
         heads = "" if t.heads is None else f" heads:{t.heads_spec}"
         where = "" if not self.error.injects or t == Target() else f" [{t.components}:{t.layers_spec}{positions}{heads}]"
+        if isinstance(self.error, Composite):  # its parts name their own targets
+            where = "" if t.positions is None else f" [{positions.strip()}]"
         k, v = self.cache.type_k, self.cache.type_v
         types = "" if k == v == "f16" else f" @{k}" if k == v else f" @{k}/{v}"
         return f"{self.error.spec}{where}{types}"
@@ -91,8 +105,21 @@ class Configuration:
             "cache": self.cache.to_dict(),
             # The factors of a multiplicative model depend on the generator: a store does not mix
             # results of two generators under one key.
-            **({"noise": GENERATOR} if isinstance(self.error, Multiplicative) else {}),
+            **({"noise": GENERATOR} if any(isinstance(m, Multiplicative) for m, _ in self.error.parts_on(self.target)) else {}),
         }
+
+
+def _composite(model: Composite, target: Target) -> tuple[ErrorModel, Target]:
+    """A composite and its target: the union of its parts' with the configuration's positions;
+    one part is that model on its target (``quant:4[k]`` is ``quant:4`` with ``--target k``)."""
+    if replace(target, positions=None) != Target():
+        raise SpecError(
+            f"'{model.spec}' names each part's K/V, layers and heads in its brackets: leave out --target, --layers and --heads "
+            "(--positions applies to every part)"
+        )
+    if len(model.parts) == 1:
+        return model.parts[0].error, model.parts[0].on(target)
+    return model, replace(model.covers(), positions=target.positions)
 
 
 def configurations(control: str, errors: list[str], target: Target | None = None, cache: CacheOptions | None = None) -> list[Configuration]:

@@ -141,6 +141,10 @@ class Evict(CacheResident):
         return METHODS[self.method].reads == "queries"
 
     @property
+    def changes_values(self) -> bool:
+        return False  # it removes or hides tokens: stacks on a model that changes their values
+
+    @property
     def shares_prefill(self) -> bool:
         return True  # it cuts at a prompt's (or its context's) end at the earliest: every piece before is asked for no logits
 

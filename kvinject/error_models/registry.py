@@ -9,6 +9,7 @@ import numpy as np
 
 from ..engine.perturbation import ErrorModel
 from ..exceptions import SpecError
+from .composite import Composite, Part, is_composite, parse_where, split_parts
 
 REGISTRY: dict[str, type[ErrorModel]] = {}
 
@@ -32,7 +33,14 @@ def row_groups(x: np.ndarray, size: int, what: str) -> np.ndarray:
 
 
 def parse_error(spec: str) -> ErrorModel:
-    """Parse ``NAME[:V1,V2,...,key=value]`` into a registered error model."""
+    """Parse ``NAME[:V1,V2,...,key=value]`` into a registered error model, or a composite's
+    parts joined by ``+`` (kvinject/error_models/composite.py) into a :class:`Composite`."""
+    if is_composite(spec):
+        return Composite(tuple(Part(_parse_one(error), parse_where(spec, where)) for error, where in split_parts(spec)))
+    return _parse_one(spec)
+
+
+def _parse_one(spec: str) -> ErrorModel:
     name, _, rest = spec.strip().partition(":")
     cls = REGISTRY.get(name.strip().lower())
     if cls is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
@@ -51,7 +51,7 @@ def profile_grid(
     model: str | None,
     bench: Benchmark,
     given: set[str],
-    error: ErrorModel,
+    errors: Sequence[ErrorModel],
     cache: CacheOptions,
     backend: BackendOptions,
     runs: int = 1,
@@ -61,9 +61,9 @@ def profile_grid(
 ) -> Grid:
     """The profile as a grid whose path is its store (default: :func:`default_store`), built
     through the grid parser so that it is checked as a grid file is: the bench with the options
-    named in ``given`` as ``bench.options`` holds them, the control, and ``error`` on each
-    layer's K and on each layer's V (``by_head``: on each KV head of them)."""
-    if error.resident is not None:
+    named in ``given`` as ``bench.options`` holds them, the control, and each of ``errors`` on
+    each layer's K and on each layer's V (``by_head``: on each KV head of them)."""
+    for error in (e for e in errors if e.resident is not None):
         try:
             error.check_target(Target.parse("k", "0"), cache)
         except SpecError:  # said as the profile's own limit, not as flags the user never gave
@@ -87,8 +87,8 @@ def profile_grid(
         "kv_rotation": cache.kv_rotation,
     }
     sweep |= {k: v for k, v in (("threads", backend.threads), ("n_gpu_layers", backend.n_gpu_layers), ("parallel", backend.parallel)) if v is not None}
-    raw = {"sweep": sweep, "bench": {bench.name: options}, "errors": [{"spec": [error.spec]}]}
-    return build_grid(store or default_store(path, bench.name, error.spec), raw)
+    raw = {"sweep": sweep, "bench": {bench.name: options}, "errors": [{"spec": [e.spec for e in errors]}]}
+    return build_grid(store or default_store(path, bench.name, "+".join(e.spec for e in errors)), raw)
 
 
 def sensitivity(records: list[dict[str, Any]], error: ErrorModel, metric: str, by_head: bool = False) -> pd.DataFrame:

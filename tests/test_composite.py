@@ -190,3 +190,26 @@ def test_a_composite_runs_in_generation_and_measures_each_component(tiny):
         out = dict(generate_all(ctx, [tiny.tokenize(PROMPT), tiny.tokenize("A short one")], 12, ignore_eos=True))
         realized = ctx.realized
     assert sorted(out) == [0, 1] and realized.k.changed > 0 and realized.v.changed > 0
+
+
+def test_each_part_s_realized_error_is_its_own_and_they_add_up_to_the_whole(tiny):
+    """quant:8 on layer 0 and quant:2 on layer 1 (entry), then KIVI's V beside e4m3's K (entry
+    and resident) and two heads of one V: each part's statistics count its own values only,
+    and the parts' counts add up to the component's."""
+    from kvinject.engine.batching import generate_all
+
+    for spec, coarse in (("quant:8[kv:0]+quant:2[kv:1]", 1), (f"float:e4m3[k]+{KIVI}[v]", None), ("quant:8[v heads:0]+quant:2[v heads:1]", 1)):
+        config = Configuration.parse(spec, cache=F32)
+        with Context(tiny, F32, config.error, config.target, n_ctx=256, n_batch=8) as ctx:
+            dict(generate_all(ctx, [tiny.tokenize(PROMPT)], 10, ignore_eos=True))
+            summary = ctx.realized.summary()
+        parts = summary["parts"]
+        assert sorted(parts) == ["0", "1"]
+        for c in "kv":
+            assert sum(p[c]["values"] for p in parts.values()) == summary[c]["values"]
+            assert sum(p[c]["changed"] for p in parts.values()) == summary[c]["changed"]
+        if coarse is not None:  # the 2-bit part errs more than the 8-bit one
+            c = "v"
+            assert parts[str(coarse)][c]["snr_db"] < parts["0"][c]["snr_db"] - 20
+        else:
+            assert parts["0"]["v"]["values"] == 0 and parts["1"]["k"]["values"] == 0 and parts["1"]["v"]["changed"] > 0

@@ -296,14 +296,14 @@ class KVHook:
         # --heads); the rows and heads they leave out get their values back.
         keep = self._kept(component)
         if isinstance(x, np.ndarray):  # host memory: change it in place
-            before, after = self._staged[component].slots(x.size)
+            before, after = self._staged[component].slots(x.size, self.entry.parts_at(component, layer, self.row[component]))
             np.copyto(before, x.reshape(-1))
             self.entry.apply_at(x, self._noise, component, layer)
             if keep is not None:
                 x[keep] = before.reshape(x.shape)[keep]
             np.copyto(after, x.reshape(-1))
         else:  # device memory the kernels cannot change: copy out and back
-            before, after = self._staged[component].slots(x[0] * x[1])
+            before, after = self._staged[component].slots(x[0] * x[1], self.entry.parts_at(component, layer, self.row[component]))
             ggml.lib().ggml_backend_tensor_get(ptr, before.ctypes.data, 0, before.nbytes)
             np.copyto(after, before)
             self.entry.apply_at(after.reshape(x), self._noise, component, layer)
@@ -425,17 +425,8 @@ class KVHook:
         if self._device is not None and self._device.laid_out:
             self._device.fold(keep=True)
         for c in "kv":
-            staged = self._staged[c]
-            if staged.sites:
-                before, after = staged.before[: staged.n], staged.after[: staged.n]
-                keep = self._kept(c)
-                shape = (staged.sites, *keep.shape) if keep is not None else None
-                unchanged = self.entry.unchanged(before)
-                if unchanged is not before and keep is not None:  # the values left out are the same as before
-                    unchanged.reshape(shape)[:, keep] = before.reshape(shape)[:, keep]
-                getattr(self._python_realized, c).add(unchanged, after, staged.sites, self._work)
-                if keep is not None:  # the values left out, site by site
-                    getattr(self._python_outside, c).add(before.reshape(shape)[:, keep], after.reshape(shape)[:, keep], staged.sites, self._work)
+            if self._staged[c].sites:
+                self._staged[c].fold(c, self.row[c], self._kept(c), self.entry.unchanged, self._python_realized, self._python_outside, self._work)
 
     def abort_decode(self) -> None:
         """Call after a failed llama_decode: re-raises an error from inside the callback, which

@@ -251,6 +251,12 @@ class EntryModel(ErrorModel):
         """The first positions of every sequence the model leaves exact (attention sinks)."""
         return 0
 
+    def parts_at(self, component: str, layer: int, row: int) -> tuple[tuple[int, np.ndarray | None], ...]:
+        """A composite's parts that change this layer's K or V (rows of ``row``), each by its
+        place in the spec with the columns of its heads (None: all), whose realized statistics
+        are kept apart; none for a model of its own."""
+        return ()
+
 
 def _selecting(target: Target) -> str | None:
     """The option that narrows the target to some values of K/V as they enter the cache

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -37,8 +38,9 @@ class Staging:
         self.before = self.after = np.empty(0, np.float32)
         self.n = 0  # values staged in this decode
         self.sites = 0
+        self.parts: list[Sequence[tuple[int, np.ndarray | None]]] = []  # per site, a composite's parts there and their columns
 
-    def slots(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+    def slots(self, size: int, parts: Sequence[tuple[int, np.ndarray | None]] = ()) -> tuple[np.ndarray, np.ndarray]:
         end = self.n + size
         if end > self.before.size:
             capacity = max(end, 2 * self.before.size)
@@ -46,10 +48,42 @@ class Staging:
             self.after = np.concatenate([self.after[: self.n], np.empty(capacity - self.n, np.float32)])
         slots = self.before[self.n : end], self.after[self.n : end]
         self.n, self.sites = end, self.sites + 1
+        self.parts.append(parts)
         return slots
 
     def clear(self) -> None:
         self.n = self.sites = 0
+        self.parts.clear()
+
+    def fold(
+        self,
+        component: str,
+        row: int,
+        keep: np.ndarray | None,
+        unchanged: Callable[[np.ndarray], np.ndarray],
+        realized: Realized,
+        outside: Realized,
+        work: Workspace,
+    ) -> None:
+        """Add this decode's staged values of ``component`` (rows of ``row``) to ``realized``,
+        measured from ``unchanged(before)``; ``keep``: the (rows, row) values a selection left
+        out, which ``outside`` gets too; a composite's parts each their own in ``realized.parts``."""
+        before, after = self.before[: self.n], self.after[: self.n]
+        start = unchanged(before)
+        if keep is not None:
+            shape = (self.sites, *keep.shape)
+            if start is not before:  # the values left out are the same as before
+                start.reshape(shape)[:, keep] = before.reshape(shape)[:, keep]
+            getattr(outside, component).add(before.reshape(shape)[:, keep], after.reshape(shape)[:, keep], self.sites, work)  # site by site
+        getattr(realized, component).add(start, after, self.sites, work)
+        by_part: dict[int, tuple[list[int], np.ndarray | None]] = {}
+        for site, parts in enumerate(self.parts):
+            for index, columns in parts:  # a part's heads are the same in every layer
+                by_part.setdefault(index, ([], columns))[0].append(site)
+        for index, (sites, columns) in by_part.items():
+            cols = slice(None) if columns is None else columns
+            a, b = (x.reshape(self.sites, -1, row)[sites][:, :, cols] for x in (start, after))
+            getattr(realized.parts.setdefault(index, Realized.empty()), component).add(a, b, len(sites), work)
 
 
 @dataclass
@@ -177,6 +211,7 @@ class Realized:
     k: RealizedStats
     v: RealizedStats
     outside: Realized | None = None
+    parts: dict[int, Realized] = field(default_factory=dict)  # a composite's parts, by their place in its spec
 
     @classmethod
     def empty(cls) -> Realized:
@@ -185,6 +220,8 @@ class Realized:
     def merge(self, other: Realized) -> None:
         self.k.merge(other.k)
         self.v.merge(other.v)
+        for index, part in other.parts.items():
+            self.parts.setdefault(index, Realized.empty()).merge(part)
         if other.outside is not None:
             if self.outside is None:
                 self.outside = Realized.empty()
@@ -195,4 +232,6 @@ class Realized:
         if self.outside is not None:
             o = self.outside
             out["selection"] = {"selected": Realized(self.k.without(o.k), self.v.without(o.v)).summary(), "other": o.summary()}
+        if self.parts:  # keyed by the part's place, as a record's realized holds tables
+            out["parts"] = {str(i): self.parts[i].summary() for i in sorted(self.parts)}
         return out

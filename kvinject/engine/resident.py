@@ -156,8 +156,10 @@ class ResidentCache:
         stored = from_float(after, self._tensor(sites[0]).kind)
         for site, c, rows in zip(sites, cells, stored):
             self._tensor(site).set(c, rows)
-        stats = self.realized.k if sites[0][0] == "k" else self.realized.v
-        stats.add(before, to_float(stored, self._tensor(sites[0]).kind), len(sites), self._work)
+        component, after = sites[0][0], to_float(stored, self._tensor(sites[0]).kind)
+        getattr(self.realized, component).add(before, after, len(sites), self._work)
+        if self._part is not None:  # a composite's part: its own statistics too
+            getattr(self.realized.parts.setdefault(self._part, Realized.empty()), component).add(before, after, len(sites), self._work)
 
     def keys(self, seq: int, tokens: np.ndarray) -> np.ndarray:
         """The cached K of ``seq``'s ``tokens`` (indices, held) in every layer, float32, shape

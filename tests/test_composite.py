@@ -19,7 +19,7 @@ from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
 from kvinject.error_models.composite import Composite, parse_where
 from kvinject.error_models.configuration import Configuration
-from kvinject.exceptions import SpecError
+from kvinject.exceptions import KvinjectError, SpecError
 
 from .cache_state import read_cells
 from .tiny_model import HEAD_DIM
@@ -213,3 +213,16 @@ def test_each_part_s_realized_error_is_its_own_and_they_add_up_to_the_whole(tiny
             assert parts[str(coarse)][c]["snr_db"] < parts["0"][c]["snr_db"] - 20
         else:
             assert parts["0"]["v"]["values"] == 0 and parts["1"]["k"]["values"] == 0 and parts["1"]["v"]["changed"] > 0
+
+
+def test_grids_and_lm_eval_take_a_composite_as_they_take_any_spec(tmp_path):
+    from kvinject.experiments.grid import build_grid
+    from kvinject.lmeval.settings import Settings
+
+    spec = "quant:8[kv:0]+quant:2[kv:1]"
+    grid = build_grid(tmp_path / "g.toml", {"bench": {"nexttoken": {"limit": 2}}, "errors": [{"spec": [spec, "kivi:2[k]+float:e4m3[v]"]}]})
+    labels = [c.config.error.spec for c in grid.cells if not c.control]
+    assert labels == ["quant:8,group=32[kv:0]+quant:2,group=32[kv:1]", "kivi:2,group=32,residual=128[k]+float:e4m3,block=0[v]"]
+    assert Settings.parse({"error": spec}).configuration == Configuration.parse(spec)
+    with pytest.raises(KvinjectError, match="both change the same values"):
+        build_grid(tmp_path / "g.toml", {"bench": {"nexttoken": {}}, "errors": [{"spec": ["quant:8+quant:2"]}]})

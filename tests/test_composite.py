@@ -226,3 +226,12 @@ def test_grids_and_lm_eval_take_a_composite_as_they_take_any_spec(tmp_path):
     assert Settings.parse({"error": spec}).configuration == Configuration.parse(spec)
     with pytest.raises(KvinjectError, match="both change the same values"):
         build_grid(tmp_path / "g.toml", {"bench": {"nexttoken": {}}, "errors": [{"spec": ["quant:8+quant:2"]}]})
+
+
+def test_a_profile_refuses_a_composite_before_it_opens_the_model():
+    from kvinject.benchmarks import make_bench
+    from kvinject.engine.options import BackendOptions
+    from kvinject.experiments.profile import profile_grid
+
+    with pytest.raises(KvinjectError, match="is a composite of several: give one"):
+        profile_grid("/nonexistent.gguf", make_bench("nexttoken", {"limit": 1}), set(), [parse_error("quant:4[k]+quant:2[v]")], F32, BackendOptions())

@@ -63,6 +63,9 @@ def profile_grid(
     through the grid parser so that it is checked as a grid file is: the bench with the options
     named in ``given`` as ``bench.options`` holds them, the control, and each of ``errors`` on
     each layer's K and on each layer's V (``by_head``: on each KV head of them)."""
+    for error in errors:
+        if len(error.parts_on(Target())) > 1:
+            raise KvinjectError(f"a profile puts one error model into one layer's K or V at a time, and '{error.spec}' is a composite of several: give one")
     for error in (e for e in errors if e.resident is not None):
         try:
             error.check_target(Target.parse("k", "0"), cache)

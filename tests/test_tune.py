@@ -115,6 +115,8 @@ def test_the_command_prints_the_front_and_the_chosen_spec_and_draws_it(tmp_path,
     (spec,) = [line.removeprefix("chosen: ") for line in out.stdout.splitlines() if line.startswith("chosen: ")]
     assert Configuration.parse(spec)  # the chosen allocation, as run takes it
     assert png.read_bytes()[:8] == PNG and csv.read_text().startswith("bits,value,spec")
+    md = kvinject("tune", *args, "--format", "markdown")  # the finished store: nothing runs, the tables print
+    assert md.returncode == 0 and md.stdout.startswith("|   bits |") and "| held out " in md.stdout and f"chosen: `{spec}`" in md.stdout, md.stderr
 
 
 def test_no_candidate_within_a_max_metric_says_the_best_found(tmp_path, tiny_path):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from ..experiments.tune import Point, Result, Tuning, item_values, points
 from .plots import _pyplot, _save
@@ -22,6 +23,16 @@ class Proof:
     chosen: Point
     rival: Point | None
     test: PairedTest | None
+
+    def table(self) -> pd.DataFrame:
+        """The held-out comparison: each configuration's bits and metric, and the paired test."""
+        rows = [("chosen", self.chosen)] + ([("uniform", self.rival)] if self.rival else [])
+        table = pd.DataFrame([(name, p.spec, p.bits, p.value) for name, p in rows], columns=["held out", "configuration", "bits", self.metric])
+        if self.test is not None:
+            table["difference per item"] = [self.test.mean_diff, None]
+            table["p"] = [self.test.p_value, None]
+            table["items"] = [self.test.n, None]
+        return table
 
     def text(self) -> str:
         c = self.chosen
@@ -46,6 +57,20 @@ def proof(tuning: Tuning, result: Result) -> Proof:
     key = tuning.metric if tuning.metric in result.records[0]["items"] else tuning.bench.proxies[tuning.metric][0]
     ours, theirs = (item_values(result.records, spec, key, tuning.holdout) for spec in (chosen.spec, rival.spec))
     return Proof(tuning.metric, chosen, rival, compare_to_control(theirs, ours, binary=False))
+
+
+def front_table(tuning: Tuning, result: Result) -> pd.DataFrame:
+    """Every configuration run whole on the tuning text, by bits: which is chosen, uniform or on the front."""
+    front = {p.spec for p in result.front}
+    rows = []
+    for p in sorted(result.points, key=lambda p: (p.bits, p.value)):
+        mark = "chosen" if p.spec == result.chosen.spec else "uniform" if p.spec in tuning.uniform() else "front" if p.spec in front else ""
+        rows.append((p.bits, p.value, mark, p.spec))
+    return pd.DataFrame(rows, columns=["bits", tuning.metric, "", "configuration"])
+
+
+def markdown(table: pd.DataFrame) -> str:
+    return table.astype(object).where(table.notna(), None).to_markdown(index=False, floatfmt=".4g", missingval="")
 
 
 def front_plot(tuning: Tuning, result: Result, path: Path) -> None:

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..exceptions import KvinjectError
-from .flags import SeedOpt, Setup, bench_flags, setup_flags
+from .flags import SeedOpt, Setup, bench_flags, check_format, setup_flags
 from .outputs import check_writable
 from .render import console, fmt, interrupted, run_sweep
 
@@ -49,6 +49,7 @@ def tune(
         Optional[Path], typer.Option("--plot", help="Draw the metric against bits per element, the front and the uniform choices, to this PNG.")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what the search runs first and about how long; run nothing.")] = False,
+    output_format: Annotated[str, typer.Option("--format", help="table or markdown (the front and the held-out comparison).")] = "table",
     *,
     setup: Setup,
     bench_values: dict | None = None,
@@ -61,11 +62,12 @@ def tune(
 
     Example: kvinject tune --bits 3.5 --ctx 256 --chunks 16 --plot front.png
     """
-    from ..analysis.tuning import proof
+    from ..analysis.tuning import front_table, markdown, proof
     from ..engine.llama_log import set_verbose
     from ..experiments.tune import plan_tuning
 
     set_verbose(setup.verbose)
+    check_format(output_format, ("table", "markdown"))
     if (bits is None) == (max_metric is None):
         raise KvinjectError("give one budget: --bits B (the best metric within B bits per element) or --max-metric X (the fewest bits within X)")
     if runs < 1:
@@ -84,7 +86,10 @@ def tune(
     except KeyboardInterrupt as stop:
         raise interrupted(stop, tuning.store, "the same command") from None
     verdict = proof(tuning, result)
-    _render(tuning, result, verdict)
+    if output_format == "markdown":
+        print(f"{markdown(front_table(tuning, result))}\n\n{markdown(verdict.table())}\n\nchosen: `{result.chosen.spec}`")
+    else:
+        _render(tuning, result, verdict)
     if csv:
         from ..files import write_text
 
@@ -94,7 +99,8 @@ def tune(
 
         front_plot(tuning, result, plot)
         console.print(f"[dim]figure written to {plot}")
-    console.print(f"[dim]results in {tuning.store}")
+    if output_format == "table":
+        console.print(f"[dim]results in {tuning.store}")
 
 
 def _runner(path: Path):
@@ -136,13 +142,14 @@ def _dry_run(tuning) -> None:
 
 
 def _render(tuning, result, verdict) -> None:
+    from ..analysis.tuning import front_table
+
+    table = front_table(tuning, result)
     t = Table(title=f"{tuning.bench.name}: {tuning.metric} against bits per element, the front on the tuning text", title_justify="left")
-    for col, justify in (("bits", "right"), (tuning.metric, "right"), ("", "left"), ("configuration", "left")):
-        t.add_column(col, justify=justify, overflow="fold")
-    front = {p.spec for p in result.front}
-    for p in sorted(result.points, key=lambda p: p.bits):
-        mark = "chosen" if p.spec == result.chosen.spec else "uniform" if p.spec in tuning.uniform() else "front" if p.spec in front else ""
-        t.add_row(fmt(p.bits, ".3g"), fmt(p.value, ".4g"), mark, Text(p.spec))
+    for col in table.columns:
+        t.add_column(col, justify="right" if col in ("bits", tuning.metric) else "left", overflow="fold")
+    for row in table.itertuples(index=False):
+        t.add_row(fmt(row[0], ".3g"), fmt(row[1], ".4g"), row[2], Text(row[3]))
     console.print(t)
     console.print(verdict.text(), soft_wrap=True, highlight=False)
     console.print(Text.assemble("chosen: ", (result.chosen.spec, "bold")), soft_wrap=True)

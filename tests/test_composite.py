@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvinject.engine.bits import cache_bits
+from kvinject.engine.cache_bits import cache_bits
 from kvinject.engine.context import Context
 from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
@@ -183,7 +183,7 @@ def test_bits_per_element_weigh_each_part_by_what_it_covers(tiny):
 
 
 def test_a_composite_runs_in_generation_and_measures_each_component(tiny):
-    from kvinject.engine.batching import generate_all
+    from kvinject.engine.generation.batching import generate_all
 
     config = Configuration.parse(f"{KIVI}[k]+float:e4m3[v]", cache=F32)
     with Context(tiny, F32, config.error, config.target, n_ctx=256, n_seq=2, n_batch=8) as ctx:
@@ -196,7 +196,7 @@ def test_each_part_s_realized_error_is_its_own_and_they_add_up_to_the_whole(tiny
     """quant:8 on layer 0 and quant:2 on layer 1 (entry), then KIVI's V beside e4m3's K (entry
     and resident) and two heads of one V: each part's statistics count its own values only,
     and the parts' counts add up to the component's."""
-    from kvinject.engine.batching import generate_all
+    from kvinject.engine.generation.batching import generate_all
 
     for spec, coarse in (("quant:8[kv:0]+quant:2[kv:1]", 1), (f"float:e4m3[k]+{KIVI}[v]", None), ("quant:8[v heads:0]+quant:2[v heads:1]", 1)):
         config = Configuration.parse(spec, cache=F32)

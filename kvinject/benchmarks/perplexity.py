@@ -31,12 +31,12 @@ from llama_cpp import llama_cpp as ll
 from ..data import read_text
 from ..engine.context import Context
 from ..engine.model import Model
-from ..engine.realized import sumsq
-from ..engine.speed import Speed
+from ..engine.realized_error import sumsq
 from ..error_models.configuration import Configuration
 from ..exceptions import DataError, SpecError
 from .base import Benchmark, Golden, Plan, Progress, RunResult
 from .options import Options, option
+from .speed import Speed
 
 
 class _Tally:

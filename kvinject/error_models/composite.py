@@ -27,9 +27,9 @@ from ..engine.target import Target, format_indices
 from ..exceptions import SpecError
 
 if TYPE_CHECKING:
+    from ..engine.cache.resident_cache import ResidentCache
     from ..engine.model import Model, Shape
     from ..engine.options import CacheOptions
-    from ..engine.resident import ResidentCache
     from ..engine.variates import Draws
 
 # A ``+`` that starts a part: one before a model's name, not an exponent's sign (1e+3).

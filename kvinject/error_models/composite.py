@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 
-from ..engine.perturbation import CacheResident, EntryModel, ErrorModel, Multiplicative
+from ..engine.perturbation import CacheResident, EntryModel, ErrorModel
 from ..engine.target import Target, format_indices
 from ..exceptions import SpecError
 
@@ -193,11 +193,6 @@ class Composite(ErrorModel):
 
     def stream(self, rng: np.random.Generator, span: tuple[int, int, int] | None) -> Draws | None:
         return next((p.error.stream(rng, span) for p in self.parts if p.error.random), None)
-
-    @property
-    def multiplicative(self) -> bool:
-        """A part's factors depend on the generator (the store key says which)."""
-        return any(isinstance(p.error, Multiplicative) for p in self.parts)
 
     def stored(self, cache: CacheOptions, components: str) -> ErrorModel:
         return Composite(tuple(replace(p, error=p.error.stored(cache, p.target.components)) for p in self.parts))

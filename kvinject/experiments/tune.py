@@ -16,7 +16,7 @@ Three sweeps into one store, each resumable, each built from what the one before
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -34,7 +34,7 @@ from ..exceptions import KvinjectError
 from ..values import unique
 from .allocation import Problem, hull, pareto, within
 from .grid import Grid, build_grid
-from .profile import profile_grid, sensitivity
+from .profile import given_options, profile_grid, sensitivity
 
 CANDIDATES = 8  # allocations of the hull run whole, spread over its bits, besides those for the budget
 
@@ -65,7 +65,7 @@ class Tuning:
     @property
     def options(self) -> dict[str, Any]:
         """The bench's options the user gave, as the profile's grid holds them."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.bench.options).items() if k in self.given and v is not None}
+        return given_options(self.bench, self.given)
 
     def profile(self) -> Grid:
         """Stage 1: each choice that changes values in one layer's K or V at a time."""

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..exceptions import KvinjectError
+from ..files import write_text
 from .flags import SeedOpt, Setup, bench_flags, check_format, setup_flags
 from .outputs import check_writable
 from .render import console, fmt, interrupted, run_sweep
@@ -34,7 +35,7 @@ def tune(
     metric: Annotated[
         Optional[str], typer.Option("--metric", help="The metric: default kld (KL divergence from the control) for perplexity, else the bench's headline.")
     ] = None,
-    runs: Annotated[int, typer.Option("--runs", "-r", help="Runs per configuration (an error without randomness runs once).")] = 1,
+    runs: Annotated[int, typer.Option("--runs", "-r", help="Runs per configuration (an error without randomness runs once).", min=1)] = 1,
     seed: SeedOpt = 0,
     data: Annotated[Optional[str], typer.Option("--data", help="The text tuned on: PATH or hf:NAME[:CONFIG][@SPLIT] (default: the bench's).")] = None,
     holdout_data: Annotated[
@@ -62,7 +63,6 @@ def tune(
 
     Example: kvinject tune --bits 3.5 --ctx 256 --chunks 16 --plot front.png
     """
-    from ..analysis.tuning import front_table, markdown, proof
     from ..engine.llama_log import set_verbose
     from ..experiments.tune import plan_tuning
 
@@ -70,8 +70,6 @@ def tune(
     check_format(output_format, ("table", "markdown"))
     if (bits is None) == (max_metric is None):
         raise KvinjectError("give one budget: --bits B (the best metric within B bits per element) or --max-metric X (the fewest bits within X)")
-    if runs < 1:
-        raise KvinjectError(f"--runs must be >= 1, got {runs}")
     check_writable({"--csv": csv, "--plot": plot}, stores={"--store": store}, inputs=[data, holdout_data], stdout=["--csv"])
     choices = choice or DEFAULT_CHOICES
     values = bench_values or {}
@@ -85,18 +83,20 @@ def tune(
         result = tuning.run(_runner(tuning.store), _reader(tuning.store))
     except KeyboardInterrupt as stop:
         raise interrupted(stop, tuning.store, "the same command") from None
+    _show(tuning, result, output_format, csv, plot)
+
+
+def _show(tuning, result, output_format: str, csv: Path | None, plot: Path | None) -> None:
+    from ..analysis.tuning import front_plot, front_table, markdown, proof
+
     verdict = proof(tuning, result)
     if output_format == "markdown":
         print(f"{markdown(front_table(tuning, result))}\n\n{markdown(verdict.table())}\n\nchosen: `{result.chosen.spec}`")
     else:
         _render(tuning, result, verdict)
     if csv:
-        from ..files import write_text
-
         write_text(csv, result.front_csv())
     if plot:
-        from ..analysis.tuning import front_plot
-
         front_plot(tuning, result, plot)
         console.print(f"[dim]figure written to {plot}")
     if output_format == "table":

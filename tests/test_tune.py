@@ -23,7 +23,7 @@ OPTIONS = {"ctx": 32, "chunks": 3}
 
 
 def tuning(path, store, bits=5.0, max_metric=None, choices=CHOICES, **more):
-    return plan_tuning(str(path), CacheOptions(), BackendOptions(), choices, "perplexity", {**OPTIONS, **more}, None, None, None, bits, max_metric, 1, 0, store)
+    return plan_tuning(str(path), CacheOptions(), BackendOptions(), choices, "perplexity", {**OPTIONS, **more}, bits=bits, max_metric=max_metric, store=store)
 
 
 def execute(store):
@@ -124,3 +124,14 @@ def test_no_candidate_within_a_max_metric_says_the_best_found(tmp_path, tiny_pat
     t = tuning(tiny_path, store, bits=None, max_metric=-1.0)
     with pytest.raises(KvinjectError, match="no candidate keeps kld within -1"):
         t.run(execute(store), lambda: load_records([store]))
+
+
+def test_held_out_chunks_follow_the_tuned_ones_as_many_as_asked():
+    from kvinject.experiments.tune import holdout_options
+
+    perplexity = make_bench("perplexity", {"ctx": 32, "chunks": 3})
+    assert holdout_options(perplexity, {"ctx": 32, "chunks": 3}, None) == {"ctx": 32, "chunks": 3, "skip": 3}
+    assert holdout_options(perplexity, {"ctx": 32, "chunks": 3}, None, 12) == {"ctx": 32, "chunks": 12, "skip": 3}
+    assert holdout_options(perplexity, {"chunks": 3}, "other.txt", 5) == {"chunks": 5, "data": "other.txt"}
+    with pytest.raises(KvinjectError, match="--holdout-chunks counts perplexity's chunks"):
+        holdout_options(make_bench("nexttoken", {}), {}, "other.txt", 5)

@@ -41,6 +41,10 @@ def tune(
     holdout_data: Annotated[
         Optional[str], typer.Option("--holdout-data", help="The text the result is proven on (default for perplexity: the --chunks after those tuned on).")
     ] = None,
+    holdout_chunks: Annotated[
+        Optional[int],
+        typer.Option("--holdout-chunks", help="perplexity's chunks the result is proven on (default: as many as tuned on); more items, sharper test.", min=2),
+    ] = None,
     candidates: Annotated[
         int, typer.Option("--candidates", help="Allocations of the search run whole, spread over the bits, besides those at the budget.", min=1)
     ] = 8,
@@ -56,12 +60,11 @@ def tune(
     bench_values: dict | None = None,
 ) -> None:
     """Find the cheapest KV cache the model tolerates: a choice per layer's K and V (bits of a
-    quantizer), allocated by a knapsack over a sensitivity profile, the candidates run whole, and
-    the one for the budget proven against the uniform choice at equal bits on held-out text with
-    a paired test. Prints the front and the chosen allocation as a composite spec that run,
-    grids and lm-eval take. Resumable: Ctrl-C any time, the same command goes on.
+    quantizer) allocated by a knapsack over a sensitivity profile, the candidates run whole, the
+    one for the budget proven against the uniform choice at equal bits on held-out text (a paired
+    test), printed as a composite spec. Resumable: Ctrl-C any time, the same command goes on.
 
-    Example: kvinject tune --bits 3.5 --ctx 256 --chunks 16 --plot front.png
+    Example: kvinject tune --bits 3.5 --ctx 128 --chunks 4 --holdout-chunks 12 --plot front.png
     """
     from ..engine.llama_log import set_verbose
     from ..experiments.tune import plan_tuning
@@ -71,10 +74,23 @@ def tune(
     if (bits is None) == (max_metric is None):
         raise KvinjectError("give one budget: --bits B (the best metric within B bits per element) or --max-metric X (the fewest bits within X)")
     check_writable({"--csv": csv, "--plot": plot}, stores={"--store": store}, inputs=[data, holdout_data], stdout=["--csv"])
-    choices = choice or DEFAULT_CHOICES
-    values = bench_values or {}
     tuning = plan_tuning(
-        setup.model, setup.cache, setup.backend, choices, bench, values, data, holdout_data, metric, bits, max_metric, runs, seed, store, candidates
+        setup.model,
+        setup.cache,
+        setup.backend,
+        choice or DEFAULT_CHOICES,
+        bench,
+        bench_values or {},
+        bits=bits,
+        max_metric=max_metric,
+        data=data,
+        holdout_data=holdout_data,
+        holdout_chunks=holdout_chunks,
+        metric=metric,
+        runs=runs,
+        seed=seed,
+        store=store,
+        candidates=candidates,
     )
     if dry_run:
         _dry_run(tuning)

@@ -262,14 +262,16 @@ def plan_tuning(
     choices: Sequence[str],
     bench: str,
     values: dict[str, Any],
-    data: str | None,
-    holdout_data: str | None,
-    metric: str | None,
-    bits: float | None,
-    max_metric: float | None,
-    runs: int,
-    seed: int,
-    store: Path | None,
+    *,
+    bits: float | None = None,
+    max_metric: float | None = None,
+    data: str | None = None,
+    holdout_data: str | None = None,
+    holdout_chunks: int | None = None,
+    metric: str | None = None,
+    runs: int = 1,
+    seed: int = 0,
+    store: Path | None = None,
     candidates: int = CANDIDATES,
 ) -> Tuning:
     """A tune as the command's flags describe it, checked before anything runs."""
@@ -306,7 +308,7 @@ def plan_tuning(
         runs=runs,
         candidates=candidates,
     )
-    return replace(tuning, holdout=holdout_options(b, tuning.options, holdout_data))
+    return replace(tuning, holdout=holdout_options(b, tuning.options, holdout_data, holdout_chunks))
 
 
 def _choice(spec: str, cache: CacheOptions) -> ErrorModel:
@@ -320,13 +322,16 @@ def _choice(spec: str, cache: CacheOptions) -> ErrorModel:
     return config.error
 
 
-def holdout_options(bench: Benchmark, options: dict[str, Any], data: str | None) -> dict[str, Any]:
+def holdout_options(bench: Benchmark, options: dict[str, Any], data: str | None, chunks: int | None = None) -> dict[str, Any]:
     """The bench's options for text the search never saw: ``data``, or perplexity's chunks after
-    the tuning ones (as many again)."""
+    the tuning ones; ``chunks`` of it (perplexity; default as many as tuned on)."""
+    if chunks is not None and bench.name != "perplexity":
+        raise KvinjectError(f"--holdout-chunks counts perplexity's chunks; {bench.name} has none (give --holdout-data and its own size)")
+    sized = {"chunks": chunks} if chunks is not None else {}
     if data is not None:
-        return {**options, "data": data}
+        return {**options, "data": data, **sized}
     if bench.name != "perplexity":
         raise KvinjectError(f"kvinject tune proves its allocation on text it did not tune on: give {bench.name} --holdout-data")
     if not options.get("chunks"):
-        raise KvinjectError("kvinject tune tunes on the first --chunks N chunks and proves on the next N: give --chunks (or --holdout-data)")
-    return {**options, "skip": options["chunks"]}
+        raise KvinjectError("kvinject tune tunes on the first --chunks N chunks and proves on the ones after: give --chunks (or --holdout-data)")
+    return {**options, "skip": options["chunks"], "chunks": chunks or options["chunks"]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -13,6 +14,7 @@ from rich.text import Text
 from .. import __version__, interrupts
 from ..exceptions import KvinjectError
 from . import benchmarks, divergence, errors, generate, harness, info, profile, replay, report, run, score, sweep
+from .numbers import strict
 from .render import stoppable
 
 app = typer.Typer(
@@ -63,10 +65,15 @@ app.command(name="lm-eval", context_settings={"allow_extra_args": True, "ignore_
 app.command()(stoppable(version))
 
 
+def command() -> click.Command:
+    """The app as click runs it, its integer and real options read as every number is (numbers.py)."""
+    return strict(typer.main.get_command(app))
+
+
 def main() -> None:
     interrupts.install()
     try:
-        app()
+        command()()
     except KvinjectError as e:
         Console(stderr=True, soft_wrap=True).print("[bold red]error:[/]", Text(str(e)), highlight=False)  # one line, however long
         sys.exit(2)

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.main import get_command
 from typer.testing import CliRunner
 
-from kvinject.cli.app import command
+from kvinject.cli.app import app
 from kvinject.exceptions import KvinjectError
 
-ROOT = command()
+ROOT = get_command(app)
 
 
 class WorkStarted(Exception):
@@ -62,7 +63,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
 def invoke(args: list[object]) -> tuple[int, str]:
     """The exit status and the message of ``kvinject ARGS`` run in-process (a KvinjectError: 2
     and its line, as the `kvinject` command prints it); WorkStarted propagates."""
-    result = CliRunner().invoke(ROOT, [str(a) for a in args], catch_exceptions=True)
+    result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=True)
     if isinstance(result.exception, WorkStarted):
         raise result.exception
     if isinstance(result.exception, KvinjectError):

@@ -196,3 +196,13 @@ def test_a_run_whose_output_fails_keeps_its_results(tmp_path, tiny_path, monkeyp
     assert {r["label"] for r in json.loads(kept.read_text())["records"]} == {"none"}
     kept.unlink()
     assert not output.exists()
+
+
+@pytest.mark.parametrize("command,output", [(c, o) for c, o in outputs() if o in ("--plot", "--heatmap", "--frontier", "--outcomes")])
+def test_a_figure_is_refused_before_any_work_where_its_suffix_names_no_format(command, output, tmp_path, tiny_path, no_work):
+    """`report --outcomes kept.txt` drew the figure, then ended in matplotlib's ValueError."""
+    try:
+        code, said = invoke([*base(command, output, tmp_path, tiny_path), output, tmp_path / "figure.txt"])
+    except WorkStarted:
+        pytest.fail(f"kvinject {command} {output} figure.txt started its work before checking {output}")
+    assert code == 2 and "a figure is written as png" in said, said

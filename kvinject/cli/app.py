@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -39,9 +38,12 @@ def _print_version(given: bool) -> None:
 
 @app.callback()
 def _options(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", help="Print kvinject's version and exit.", callback=_print_version, is_eager=True)] = False,
 ) -> None:
-    """--version; the app's help is Typer(help=...) above."""
+    """--version; the app's help is Typer(help=...) above. Runs before the command's options are
+    read: its integer and real options are then read as every number is (numbers.py)."""
+    strict(ctx.command)
 
 
 def version() -> None:
@@ -65,15 +67,10 @@ app.command(name="lm-eval", context_settings={"allow_extra_args": True, "ignore_
 app.command()(stoppable(version))
 
 
-def command() -> click.Command:
-    """The app as click runs it, its integer and real options read as every number is (numbers.py)."""
-    return strict(typer.main.get_command(app))
-
-
 def main() -> None:
     interrupts.install()
     try:
-        command()()
+        app()
     except KvinjectError as e:
         Console(stderr=True, soft_wrap=True).print("[bold red]error:[/]", Text(str(e)), highlight=False)  # one line, however long
         sys.exit(2)

@@ -102,7 +102,7 @@ def report(
         raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
     stores = unique("report's stores", stores, key=lambda p: p.resolve())
     filters, by = unique("--filter", filters or []), unique("--faults", split_list("--faults", faults)) if faults else []
-    check_writable({"--plot": plot, "--heatmap": heatmap, "--frontier": frontier, "--outcomes": outcomes, "--html": page}, inputs=stores)
+    check_writable({"--html": page}, figures={"--plot": plot, "--heatmap": heatmap, "--frontier": frontier, "--outcomes": outcomes}, inputs=stores)
     check_fit(fit_per_mbit, ctx, faults)
     records = select(load_records(stores), filters)
     if board:

@@ -166,6 +166,19 @@ def test_a_grid_refuses_repeats_in_specs_parameters_and_bench_options():
     assert set(BENCHMARKS) >= {bench for _, owners in option_owners().items() for _, bench, _ in owners}
 
 
+def test_a_grid_refuses_identical_bench_tables_and_one_model_by_two_paths(tmp_path):
+    """Identical [[bench.X]] tables, and two paths to one model file, each repeated every cell."""
+    tables = {"bench": {"nexttoken": [{"limit": 1}, {"limit": 2}, {"limit": 1}]}}
+    with pytest.raises(KvinjectError, match=r"\[\[bench.nexttoken\]\] #3 is the same as #1: give each table once"):
+        build_grid(Path("g.toml"), tables)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    (tmp_path / "sub").mkdir()
+    paths = [str(model), str(tmp_path / "sub" / ".." / "m.gguf")]
+    with pytest.raises(KvinjectError, match="sweep.models gives .* twice"):
+        build_grid(Path("g.toml"), {"bench": {"nexttoken": {"limit": 1}}, "sweep": {"models": paths}})
+
+
 def test_lm_eval_lists_are_checked():
     from kvinject.cli.harness import _check_model_args
 

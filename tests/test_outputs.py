@@ -206,3 +206,14 @@ def test_a_figure_is_refused_before_any_work_where_its_suffix_names_no_format(co
     except WorkStarted:
         pytest.fail(f"kvinject {command} {output} figure.txt started its work before checking {output}")
     assert code == 2 and "a figure is written as png" in said, said
+
+
+def test_a_file_output_never_replaces_a_results_store(tmp_path):
+    """`run --csv S.results.sqlite` wrote its CSV over the store's results."""
+    import sqlite3
+
+    store = tmp_path / "s.results.sqlite"
+    sqlite3.connect(store).execute("CREATE TABLE t (x)").connection.close()
+    with pytest.raises(KvinjectError, match="it is a results store"):
+        check_writable({"--csv": store})
+    check_writable(stores={"--store": store})

@@ -62,6 +62,14 @@ def _identity(path: Path) -> str:
     return str(path.expanduser().resolve())
 
 
+def _is_store(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
 def _check(kind: str, path: Path) -> None:
     kind = "file" if kind == "figure" else kind
     resolved = path.resolve()
@@ -71,6 +79,8 @@ def _check(kind: str, path: Path) -> None:
         raise KvinjectError(
             f"cannot write {path}: it is a folder, not a results store" if kind == "store" else f"cannot write {path}: it is a folder; give a file name"
         )
+    if kind == "file" and path.is_file() and _is_store(path):  # a typo's cost would be a study's results
+        raise KvinjectError(f"cannot write {path}: it is a results store, which this output would replace; give another file")
     if path.exists() and kind != "folder" and not os.access(path, os.W_OK):
         raise KvinjectError(f"cannot write {path}: permission denied")
     folder = path if kind == "folder" else path.parent

@@ -158,7 +158,8 @@ def _bases_for(command: str, param: Any) -> list[list[str]]:
     names = {bench for _, bench, _ in owners}
     if command == "run":
         return [b for b in bases if b[1] in names]
-    return [[*b, "--bench", sorted(names)[0]] for b in bases]
+    name = sorted(names)[0]
+    return [[*b, "--bench", name, *BENCHES[name]] for b in bases]
 
 
 def with_value(base: list[str], param: Any, value: str) -> list[str]:

@@ -61,3 +61,11 @@ def test_real_options_are_read_as_every_number_is(value, tmp_path, no_work):
 
     code, said = invoke(["report", empty_store(tmp_path), "--faults", "bit", "--ctx", "64", "--fit-per-mbit", value])
     assert code == 2 and "must be a number" in said, said
+
+
+@pytest.mark.parametrize("command", [["info"], ["generate", "Hi"]])
+@pytest.mark.parametrize("value", ["0", "-1", "2147483647"])
+def test_a_context_size_is_checked_before_any_work(command, value, no_work):
+    """`info --ctx 0` ended in a ValueError traceback; 2^31-1 made llama.cpp allocate until killed."""
+    code, said = invoke([*command, f"--ctx={value}"])
+    assert code == 2 and "--ctx must be between 1 and 1048576 tokens" in said, said

@@ -59,7 +59,6 @@ BASES: dict[str, list[list[str]]] = {
 LAYERS = ["0", "0-1", "1,1", "0,,1", ",", "", "-1", "0-99999", "1e10", "5-2", "0x1"]
 CHOICES = ["bogus", "", " "]
 MEANINGS: dict[str, list[str]] = {
-    "--error": [],  # error_specs()
     "--control": ["none", "normal:0,0.5", "bogus", "", "none@q8_0"],
     "--reference": ["recompute@f32", "none", "bogus", "normal:0,0.5", ""],
     "--target": ["kv", "k", "v", "x", ""],
@@ -74,6 +73,7 @@ MEANINGS: dict[str, list[str]] = {
     "--model": [MODEL, ".", "/dev/null", "missing.gguf", KEPT, "empty.txt"],
     "--bench": [*BENCHMARKS, "bogus", "nexttoken,nexttoken", ""],
     "--data": PATHS_READ + ["text.txt", "nexttoken=text.txt", "bogus=text.txt"],
+    "--responses": PATHS_READ + ["ifeval.jsonl"],
     "--shots-data": PATHS_READ + ["text.txt"],
     "--include-path": PATHS_READ,
     "--haystack": CHOICES,
@@ -105,7 +105,7 @@ def options(command: str) -> list[Any]:
     return [p for p in commands()[command].params if not (is_option(p) and flag(p) == "--help")]
 
 
-def values(command: str, param: Any) -> list[str] | None:
+def values(param: Any) -> list[str] | None:
     """The strategy of one option or argument: its meaning's values, else its type's; None: none."""
     name = flag(param)
     if name == "--error":
@@ -127,7 +127,7 @@ def values(command: str, param: Any) -> list[str] | None:
 def missing() -> list[str]:
     """What has no strategy: commands without a base, options, benches without a base."""
     out = [f"kvinject {c}: no smallest command in BASES" for c in commands() if c not in BASES]
-    out += [f"kvinject {c} {flag(p)}: no strategy" for c in commands() for p in options(c) if values(c, p) is None]
+    out += [f"kvinject {c} {flag(p)}: no strategy" for c in commands() for p in options(c) if values(p) is None]
     out += [f"bench {name}: no smallest run in BENCHES" for name in BENCHMARKS if name not in BENCHES]
     out += [f"error model {name}: no documented example" for name, cls in REGISTRY.items() if not getattr(cls, "example", None)]
     return out
@@ -188,7 +188,7 @@ def single(command: str) -> Iterator[list[str]]:
         return
     for param in options(command):
         for base in _bases_for(command, param):
-            for value in values(command, param) or []:
+            for value in values(param) or []:
                 yield with_value(base, param, value)
     outputs = [p for p in options(command) if is_option(p) and annotation(p) is Path]
     for a in outputs:  # two outputs that are one file
@@ -213,7 +213,7 @@ def sample(count: int, seed: int = 0) -> list[list[str]]:
         args = list(rng.choice(BASES[command]))
         params = options(command)
         for param in rng.sample(params, min(len(params), rng.randint(2, 3))):
-            args = with_value(args, param, rng.choice(values(command, param) or [""]))
+            args = with_value(args, param, rng.choice(values(param) or [""]))
         out.append([command, *args])
     return out
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from ..exceptions import KvinjectError
 from ..files import STDOUT, is_stdout
 
-SYSTEM = (Path("/proc"), Path("/sys"), Path("/dev"))
+SYSTEM = (Path("/proc"), Path("/sys"), Path("/dev"))  # what is there is no file to keep results in
 # What matplotlib's Agg backend writes (with Pillow, its dependency), by the file's suffix; none is PNG.
-FIGURES = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")  # what is there is no file to keep results in
+FIGURES = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 Paths = Mapping[str, "Path | str | None"]
 
 
@@ -31,8 +31,8 @@ def check_writable(
     command gives all its outputs at once, by flag (None: not asked). ``files``: files written
     whole (text, a figure), ``-`` standing for standard output where the flag is in ``stdout``;
     ``stores``: results stores (SQLite, kept and added to); ``figures``: files matplotlib writes,
-    in the format their suffix names; ``folders``: folders the command
-    writes files into, made if missing. No two outputs may be one file, nor an output one of
+    in the format their suffix names; ``folders``: folders the command writes files into, made
+    if missing. No two outputs may be one file, nor an output one of
     the command's ``inputs``."""
     seen: dict[str, str] = {}
     read = {_identity(Path(p)): str(p) for p in inputs if p is not None and not is_stdout(p)}

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import __version__
 
-RECORD_FORMAT = 6
+RECORD_FORMAT = 7
 
 # What each format changed from the one before; docs/grid-format.md's table.
 FORMATS = {
@@ -23,6 +23,7 @@ FORMATS = {
     4: "`bitflip` and `faults` count the flipped values in the realized statistics, no longer also the rounding to fp16",
     5: "each recorded fault names its `stage`, `prompt` or `generated`",
     6: "each DUE item's cause (`due_nonfinite`, `due_raised`, `due_timeout`); from kvinject 0.2.0, `format` and `kvinject` in the record",
+    7: "composite configurations (`kivi:2[k]+float:e4m3[v]`) as the `error`; their realized statistics add each part's (`parts`, by its place in the spec)",
 }
 
 

@@ -41,8 +41,8 @@ from functools import partial, wraps
 from llama_cpp import llama_cpp as ll
 
 from kvinject.benchmarks import IFEval
-from kvinject.engine import batching
 from kvinject.engine.context import Context
+from kvinject.engine.generation import batching
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions
 from kvinject.error_models.configuration import Configuration

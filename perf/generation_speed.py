@@ -29,7 +29,7 @@ import statistics
 from functools import partial
 
 from kvinject.benchmarks import IFEval
-from kvinject.engine.batching import generate_all
+from kvinject.engine.generation.batching import generate_all
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions
 from kvinject.error_models.configuration import Configuration

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvinject.engine.context import Context
-from kvinject.engine.hook import KVHook
+from kvinject.engine.graph.hook import KVHook
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions
 from kvinject.engine.variates import factors

@@ -67,7 +67,7 @@ def launch_nothing():
 
     from numba import cfunc, types
 
-    from kvinject.engine import device_launch
+    from kvinject.engine.callback import device_launch
 
     @cfunc(types.int32(types.voidptr, *[types.uint32] * 7, types.voidptr, types.voidptr, types.voidptr))
     def nothing(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):

@@ -48,6 +48,7 @@ BASES: dict[str, list[list[str]]] = {
     "info": [["--model", MODEL, "--ctx", "64"]],
     "generate": [["Hi", "--max-tokens", "2", "--ctx", "64", "--model", MODEL]],
     "run": [["--bench", name, *extra, *RUN] for name, extra in BENCHES.items()],
+    "tune": [["--bits", "4", "--ctx", "64", "--chunks", "2", "--candidates", "1", "--model", MODEL, "--dry-run"]],
     "profile": [[*SPEC, "--bench", "nexttoken", "--limit", "1", "--model", MODEL]],
     "divergence": [[*SPEC, "--prompt", "Hi", "--max-tokens", "2", "--model", MODEL]],
     "sweep": [["grid.toml", "--store", "out.results.sqlite"], ["grid.toml", "--slurm", "--dry-run"]],
@@ -74,6 +75,8 @@ MEANINGS: dict[str, list[str]] = {
     "--bench": [*BENCHMARKS, "bogus", "nexttoken,nexttoken", ""],
     "--data": PATHS_READ + ["text.txt", "nexttoken=text.txt", "bogus=text.txt"],
     "--responses": PATHS_READ + ["ifeval.jsonl"],
+    "--choice": ["quant:4", "none", "quant:4,quant:4", "bogus", "", "normal:0,0.5"],
+    "--holdout-data": PATHS_READ + ["text.txt"],
     "--shots-data": PATHS_READ + ["text.txt"],
     "--include-path": PATHS_READ,
     "--haystack": CHOICES,
@@ -150,7 +153,7 @@ def error_specs() -> list[str]:
 def _bases_for(command: str, param: Any) -> list[list[str]]:
     """The bases an option applies to: a bench option to the runs of the benches that have it."""
     bases = BASES[command]
-    if command not in ("run", "profile", "divergence") or not is_option(param):
+    if command not in ("run", "profile", "tune", "divergence") or not is_option(param):
         return bases
     owners = option_owners().get(param.name)
     if not owners or param.name in ("data", "limit"):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "help"
-COMMANDS = ["", "errors", "benchmarks", "generate", "run", "sweep", "profile", "divergence", "report", "replay", "score", "info", "version"]
+COMMANDS = ["", "errors", "benchmarks", "generate", "run", "sweep", "profile", "tune", "divergence", "report", "replay", "score", "info", "version"]
 # Rich reads the width from the environment; a fixed one makes the texts comparable anywhere.
 ENV = {"COLUMNS": "100", "TERMINAL_WIDTH": "100", "NO_COLOR": "1", "TERM": "dumb"}
 # Listings whose order and wording users read (the registries' order among them).

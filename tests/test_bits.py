@@ -3,7 +3,7 @@
 import pytest
 
 from kvinject.benchmarks import make_bench
-from kvinject.engine.bits import cache_bits
+from kvinject.engine.cache_bits import cache_bits
 from kvinject.engine.context import Context
 from kvinject.engine.target import Target
 from kvinject.error_models.configuration import Configuration

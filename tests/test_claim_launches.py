@@ -1,5 +1,5 @@
 """The device kernel launched by the compiled graph callback at a claim, with no call into Python
-(kvinject/engine/device.py's ClaimTable), tested where there is no GPU: a stand-in for the driver,
+(kvinject/engine/gpu/device.py's ClaimTable), tested where there is no GPU: a stand-in for the driver,
 compiled here from a few C functions with the signatures of ``cuLaunchKernel`` and
 ``cuStreamSynchronize``, records every launch (kernel, grid, block, stream, parameter slots and
 the values the tensor slot points to) and every synchronization; the CPU backend's buffers are
@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from kvinject.engine import device_launch
-from kvinject.engine import graph_header as gh
+from kvinject.engine.callback import device_launch
+from kvinject.engine.callback import graph_header as gh
 from kvinject.engine.context import Context
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions, CacheOptions
@@ -26,7 +26,7 @@ from kvinject.exceptions import HookError, InjectionError
 from .cache_state import read_cache
 
 cuda = pytest.importorskip("numba.cuda", reason="numba's CUDA target (pip install numba-cuda)")
-device_kernels = pytest.importorskip("kvinject.engine.device_kernels")
+device_kernels = pytest.importorskip("kvinject.engine.gpu.device_kernels")
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 
 STUB = r"""

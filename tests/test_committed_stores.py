@@ -75,11 +75,11 @@ def _markdown_rows(text: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("page", [p.name for p in pages()])
 def test_a_page_s_tables_regenerate_from_its_store(page):
-    for _, args, table, _ in GENERATED.findall((ROOT / "docs" / page).read_text()):
-        out = report(args)
+    for _, command, args, table, _ in GENERATED.findall((ROOT / "docs" / page).read_text()):
+        out = report(args, command)
         assert out.returncode == 0, out.stderr
         got, want = _markdown_rows(out.stdout), _markdown_rows(table)
-        assert len(got) == len(want), f"{page}: `kvinject report {args}` printed {len(got)} rows, the page has {len(want)}"
+        assert len(got) == len(want), f"{page}: `kvinject {command} {args}` printed {len(got)} rows, the page has {len(want)}"
         for row, (g, w) in enumerate(zip(got, want)):
             assert len(g) == len(w) and all(_same(a, b) for a, b in zip(g, w)), f"{page}, `{args}`, row {row}: {g} != {w}"
 

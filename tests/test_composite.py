@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvinject.engine.bits import cache_bits
+from kvinject.engine.cache_bits import cache_bits
 from kvinject.engine.context import Context
 from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
 from kvinject.error_models import parse_error
 from kvinject.error_models.composite import Composite, parse_where
 from kvinject.error_models.configuration import Configuration
-from kvinject.exceptions import SpecError
+from kvinject.exceptions import KvinjectError, SpecError
 
 from .cache_state import read_cells
 from .tiny_model import HEAD_DIM
@@ -183,10 +183,55 @@ def test_bits_per_element_weigh_each_part_by_what_it_covers(tiny):
 
 
 def test_a_composite_runs_in_generation_and_measures_each_component(tiny):
-    from kvinject.engine.batching import generate_all
+    from kvinject.engine.generation.batching import generate_all
 
     config = Configuration.parse(f"{KIVI}[k]+float:e4m3[v]", cache=F32)
     with Context(tiny, F32, config.error, config.target, n_ctx=256, n_seq=2, n_batch=8) as ctx:
         out = dict(generate_all(ctx, [tiny.tokenize(PROMPT), tiny.tokenize("A short one")], 12, ignore_eos=True))
         realized = ctx.realized
     assert sorted(out) == [0, 1] and realized.k.changed > 0 and realized.v.changed > 0
+
+
+def test_each_part_s_realized_error_is_its_own_and_they_add_up_to_the_whole(tiny):
+    """quant:8 on layer 0 and quant:2 on layer 1 (entry), then KIVI's V beside e4m3's K (entry
+    and resident) and two heads of one V: each part's statistics count its own values only,
+    and the parts' counts add up to the component's."""
+    from kvinject.engine.generation.batching import generate_all
+
+    for spec, coarse in (("quant:8[kv:0]+quant:2[kv:1]", 1), (f"float:e4m3[k]+{KIVI}[v]", None), ("quant:8[v heads:0]+quant:2[v heads:1]", 1)):
+        config = Configuration.parse(spec, cache=F32)
+        with Context(tiny, F32, config.error, config.target, n_ctx=256, n_batch=8) as ctx:
+            dict(generate_all(ctx, [tiny.tokenize(PROMPT)], 10, ignore_eos=True))
+            summary = ctx.realized.summary()
+        parts = summary["parts"]
+        assert sorted(parts) == ["0", "1"]
+        for c in "kv":
+            assert sum(p[c]["values"] for p in parts.values()) == summary[c]["values"]
+            assert sum(p[c]["changed"] for p in parts.values()) == summary[c]["changed"]
+        if coarse is not None:  # the 2-bit part errs more than the 8-bit one
+            c = "v"
+            assert parts[str(coarse)][c]["snr_db"] < parts["0"][c]["snr_db"] - 20
+        else:
+            assert parts["0"]["v"]["values"] == 0 and parts["1"]["k"]["values"] == 0 and parts["1"]["v"]["changed"] > 0
+
+
+def test_grids_and_lm_eval_take_a_composite_as_they_take_any_spec(tmp_path):
+    from kvinject.experiments.grid import build_grid
+    from kvinject.lmeval.settings import Settings
+
+    spec = "quant:8[kv:0]+quant:2[kv:1]"
+    grid = build_grid(tmp_path / "g.toml", {"bench": {"nexttoken": {"limit": 2}}, "errors": [{"spec": [spec, "kivi:2[k]+float:e4m3[v]"]}]})
+    labels = [c.config.error.spec for c in grid.cells if not c.control]
+    assert labels == ["quant:8,group=32[kv:0]+quant:2,group=32[kv:1]", "kivi:2,group=32,residual=128[k]+float:e4m3,block=0[v]"]
+    assert Settings.parse({"error": spec}).configuration == Configuration.parse(spec)
+    with pytest.raises(KvinjectError, match="both change the same values"):
+        build_grid(tmp_path / "g.toml", {"bench": {"nexttoken": {}}, "errors": [{"spec": ["quant:8+quant:2"]}]})
+
+
+def test_a_profile_refuses_a_composite_before_it_opens_the_model():
+    from kvinject.benchmarks import make_bench
+    from kvinject.engine.options import BackendOptions
+    from kvinject.experiments.profile import profile_grid
+
+    with pytest.raises(KvinjectError, match="is a composite of several: give one"):
+        profile_grid("/nonexistent.gguf", make_bench("nexttoken", {"limit": 1}), set(), [parse_error("quant:4[k]+quant:2[v]")], F32, BackendOptions())

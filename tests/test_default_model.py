@@ -88,7 +88,7 @@ def test_perplexity_agrees_with_llama_perplexity(smollm):
 
 
 def test_ignore_eos_generates_past_the_end_of_an_answer(smollm):
-    from kvinject.engine.batching import generate_all
+    from kvinject.engine.generation.batching import generate_all
 
     prompt = smollm.tokenize(smollm.chat_prompt("Reply with one word: is the sky blue?"), parse_special=True)
     with Context(smollm) as ctx:

@@ -1,4 +1,4 @@
-"""The device path (kvinject/engine/device.py): its kernel against the host's computation, value for
+"""The device path (kvinject/engine/gpu/device.py): its kernel against the host's computation, value for
 value, under numba's CUDA simulator where no GPU is (conftest.py sets NUMBA_ENABLE_CUDASIM), on
 the GPU where one is; and, with a CUDA build of llama.cpp, the hook on offloaded layers against
 the copy it replaces."""
@@ -10,14 +10,16 @@ import pytest
 from numba import config as numba_config
 from numba import njit
 
-from kvinject.engine import floatbits, graph_callback, laws
-from kvinject.engine.realized import RealizedStats
+from kvinject.engine import laws
+from kvinject.engine.callback import graph_callback
+from kvinject.engine.gpu import float_encodings
+from kvinject.engine.realized_error import RealizedStats
 from kvinject.error_models import parse_error
 from kvinject.error_models.bitflip import FORMATS
 
 cuda = pytest.importorskip("numba.cuda", reason="numba's CUDA target (pip install numba-cuda)")
-device_kernels = pytest.importorskip("kvinject.engine.device_kernels")
-device_launch = pytest.importorskip("kvinject.engine.device_launch")
+device_kernels = pytest.importorskip("kvinject.engine.gpu.device_kernels")
+device_launch = pytest.importorskip("kvinject.engine.callback.device_launch")
 
 # The simulator runs each thread as Python, where numpy warns of the uint64 hashes' wrapping.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -30,11 +32,11 @@ def _map(fn_id, u):
     out = np.empty(u.size, np.uint32)
     for i in range(u.size):
         if fn_id == 0:
-            out[i] = floatbits.to_f16(u[i])
+            out[i] = float_encodings.to_f16(u[i])
         elif fn_id == 1:
-            out[i] = floatbits.from_f16(u[i])
+            out[i] = float_encodings.from_f16(u[i])
         else:
-            out[i] = floatbits.to_bf16(u[i])
+            out[i] = float_encodings.to_bf16(u[i])
     return out
 
 
@@ -207,7 +209,7 @@ def _device_memory(x: np.ndarray):
 
 def test_the_hooks_device_side_keeps_a_decodes_sums_only_when_it_finishes():
     """DeviceChange as the hook drives it: layout, a site, fold; a failed decode's sums dropped."""
-    from kvinject.engine.device import DeviceChange
+    from kvinject.engine.gpu.device import DeviceChange
 
     law = parse_error("normal:0,0.25").law
     x = _rows(5)
@@ -239,7 +241,7 @@ def _llama_on_gpu() -> bool:
 def test_offloaded_kv_changed_on_the_device_is_what_the_copy_gave(tiny, spec, monkeypatch):
     """Same graph, same GPU kernels before the hook: the cache, every logit and the realized
     error must come out as when the hook copies K/V to the host and back."""
-    from kvinject.engine import device
+    from kvinject.engine.gpu import device
 
     from .cache_state import read_cache
     from .test_hook import F32, run
@@ -265,7 +267,7 @@ def test_offloaded_kv_changed_on_the_device_is_what_the_copy_gave(tiny, spec, mo
 def test_bit_flips_of_several_items_go_to_the_device_once_a_decode_laid_out_as_their_streams():
     """FLIP's masks are uploaded at the decode's layout, each item's from its first value on: every
     site's rows take the masks that DecodeNoise.take gives them on the host."""
-    from kvinject.engine.device import DeviceChange
+    from kvinject.engine.gpu.device import DeviceChange
     from kvinject.engine.variates import DecodeNoise
 
     model = parse_error("bitflip:0.05,format=bf16")

@@ -27,15 +27,15 @@ PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").g
 FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-# A path in the repository, as the pages name them (from its root): docs/faults.md, kvinject/engine/hook.py.
+# A path in the repository, as the pages name them (from its root): docs/faults.md, kvinject/engine/graph/hook.py.
 PATH = re.compile(r"(?<![\w./-])((?:docs|examples|kvinject|tests|perf)/[\w./*{}-]*[\w*}])")  # a glob or {i} stays whole: a placeholder
-# A module named from the package's root (docs/architecture.md): engine/hook.py.
+# A module named from the package's root (docs/architecture.md): engine/graph/hook.py.
 MODULE = re.compile(r"(?<![\w./-])((?:engine|error_models|benchmarks|experiments|analysis|cli|lmeval)/[\w./-]*\.py)\b")
 # What a command writes, not the repository holds: a sweep's default store, a report's plot.
 WRITTEN = re.compile(r"^examples/[\w-]+\.(results\.sqlite|slurm)$|\.png$|\.csv$")
 # Where a page's command or path is a placeholder the user fills in.
 PLACEHOLDER = re.compile(r"[A-Z]{2,}|\.\.\.|…|[*{}<>$]")
-# A name in the Python API: kvinject.Model, kvinject.engine.cache_free.one_pass (not a file such as kvinject.json).
+# A name in the Python API: kvinject.Model, kvinject.engine.generation.cache_free.one_pass (not a file such as kvinject.json).
 NAME = re.compile(r"(?<![\w./-])(kvinject(?:\.[A-Za-z_]\w*)+)(?![\w/-])")
 FILES = {"kvinject.json"}
 
@@ -190,8 +190,8 @@ kvinject report docs/faults.results.sqlite \\
 kvinject frobnicate
 ```
 
-See [the faults](faults.md), [nowhere](no-such-page.md), kvinject/engine/no_such_module.py, engine/hook.py, engine/hooks.py,
-`kvinject.engine.cache_free.one_pass` and `kvinject.engine.cache_free.no_such_function`.
+See [the faults](faults.md), [nowhere](no-such-page.md), kvinject/engine/no_such_module.py, engine/graph/hook.py, engine/hooks.py,
+`kvinject.engine.generation.cache_free.one_pass` and `kvinject.engine.generation.cache_free.no_such_function`.
 """
     lines = commands(page)
     assert lines == [
@@ -206,5 +206,5 @@ See [the faults](faults.md), [nowhere](no-such-page.md), kvinject/engine/no_such
         "link to no-such-page.md",
         "path kvinject/engine/no_such_module.py",
         "module kvinject/engine/hooks.py",
-        "name kvinject.engine.cache_free.no_such_function",
+        "name kvinject.engine.generation.cache_free.no_such_function",
     ]

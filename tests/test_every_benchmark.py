@@ -13,7 +13,7 @@ import pytest
 
 from kvinject.benchmarks import BENCHMARKS, make_bench, make_benches
 from kvinject.benchmarks.options import flag
-from kvinject.engine.speed import Speed
+from kvinject.benchmarks.speed import Speed
 from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import SpecError
 from kvinject.experiments.runner import run

@@ -25,9 +25,9 @@ from llama_cpp import llama_cpp as ll
 
 from kvinject.benchmarks import BENCHMARKS
 from kvinject.engine import ggml
-from kvinject.engine.batching import generate_all
-from kvinject.engine.bits import cache_bits
+from kvinject.engine.cache_bits import cache_bits
 from kvinject.engine.context import Context
+from kvinject.engine.generation.batching import generate_all
 from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
 from kvinject.error_models import parse_error

@@ -5,8 +5,8 @@ Hamming(72,64) decodes them."""
 import numpy as np
 import pytest
 
-from kvinject.engine.batching import generate_all
 from kvinject.engine.context import Context
+from kvinject.engine.generation.batching import generate_all
 from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
 from kvinject.error_models.configuration import Configuration

@@ -10,7 +10,7 @@ import pytest
 
 from kvinject.benchmarks.arithmetic import MAX_STEPS, MIN_STEPS, OPS, generate
 from kvinject.benchmarks.gsm8k import CHAT_INSTRUCTION, GSM8K, INVALID, extract_flexible, extract_strict, load_items, normalize, truncate
-from kvinject.engine.batching import Generation
+from kvinject.engine.generation.batching import Generation
 from kvinject.error_models.configuration import Configuration
 from kvinject.exceptions import DataError, SpecError
 from kvinject.experiments.runner import run

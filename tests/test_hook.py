@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvinject.engine.context import Context
-from kvinject.engine.graph_plan import GraphNode, GraphPlan
+from kvinject.engine.graph.graph_plan import GraphNode, GraphPlan
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions, CacheOptions
 from kvinject.engine.target import Target
@@ -282,7 +282,7 @@ def test_an_exception_in_the_callback_fails_the_decode_clearly(tiny):
 
 
 def test_a_graph_without_the_expected_nodes_is_an_error_not_a_silent_run(tiny, monkeypatch):
-    from kvinject.engine import hook
+    from kvinject.engine.graph import hook
 
     monkeypatch.setattr(hook.KVHook, "_node_name", staticmethod(lambda c, il: f"{c.upper()}new-{il}".encode()))
     with pytest.raises(ModelError, match="not supported"):

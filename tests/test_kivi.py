@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvinject.engine.batching import generate_all
 from kvinject.engine.context import Context
+from kvinject.engine.generation.batching import generate_all
 from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
 from kvinject.error_models import parse_error

@@ -21,7 +21,7 @@ from llama_cpp import llama_cpp as ll
 
 from kvinject.engine import ggml
 from kvinject.engine.context import Context
-from kvinject.engine.graph_plan import GraphNode, GraphPlan
+from kvinject.engine.graph.graph_plan import GraphNode, GraphPlan
 from kvinject.engine.options import CacheOptions
 from kvinject.engine.target import Target
 from kvinject.error_models import parse_error

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvinject.engine.cache_free import one_pass
 from kvinject.engine.context import Context
+from kvinject.engine.generation.cache_free import one_pass
 from kvinject.exceptions import SpecError
 
 from .cli_runs import kvinject
@@ -245,7 +245,7 @@ def test_a_chunk_s_loglikelihood_equals_the_perplexity_bench_nll(tiny):
     """The same tokens after the same context: a log-likelihood request of a chunk's second half
     after its first half is the perplexity bench's NLL of that chunk (llama-perplexity's)."""
     from kvinject.benchmarks import make_bench
-    from kvinject.engine.likelihood import score_continuations
+    from kvinject.engine.generation.likelihood import score_continuations
     from kvinject.error_models.configuration import Configuration
     from kvinject.experiments.runner import run
 
@@ -331,7 +331,7 @@ def test_a_pass_fail_headline_gets_wilson_and_exact_mcnemar_a_graded_one_the_boo
     from kvinject.analysis.aggregate import aggregate
     from kvinject.benchmarks.base import RunResult
     from kvinject.benchmarks.lmeval import LMEval
-    from kvinject.engine.realized import Realized
+    from kvinject.engine.realized_error import Realized
     from kvinject.error_models.configuration import Configuration
 
     clean = [1.0] * 13 + [0.0] * 87

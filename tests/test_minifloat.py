@@ -146,7 +146,7 @@ def test_bits_per_element_count_the_shared_scale(spec: str, bits: float) -> None
 
 @pytest.mark.parametrize("fmt", sorted(SPECS))
 def test_rounding_is_ml_dtypes_conversion_bit_for_bit(fmt: str) -> None:
-    """kvinject/engine/rounding.py against ml_dtypes' conversion after saturation (what `float:` did
+    """kvinject/engine/callback/rounding.py against ml_dtypes' conversion after saturation (what `float:` did
     before it was compiled, so results stored then stand): every float16 value, random float32
     bit patterns, infinities and NaN; zeros' signs included."""
     dtype = FORMATS[fmt]

@@ -1,17 +1,18 @@
 """numba's cache of a function that inlines another module's: numba alone keeps running the old
-inlined code after that module changes; stamped with it (kvinject/engine/numba_cache.py), the function
+inlined code after that module changes; stamped with it (kvinject/engine/callback/numba_cache.py), the function
 compiles anew. Each run is a new process, as each kvinject command is."""
 
 import subprocess
 import sys
 
-from kvinject.engine import counter_rng, device_claims, device_launch, graph_callback, graph_header, graph_memory, laws, numba_cache, rounding
+from kvinject.engine import laws
+from kvinject.engine.callback import counter_rng, device_claims, device_launch, graph_callback, graph_header, graph_memory, numba_cache, rounding
 
 HELPER = "from numba import njit\n\n\n@njit(cache=True)\ndef value():\n    return {}\n"
 CALLER = """import sys
 
 import helper
-from kvinject.engine import numba_cache
+from kvinject.engine.callback import numba_cache
 
 if {stamped}:
     numba_cache.stamp_with(__file__, [helper.__file__])

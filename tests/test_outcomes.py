@@ -7,8 +7,8 @@ import pytest
 
 from kvinject.benchmarks import make_bench
 from kvinject.benchmarks.outcomes import classify
-from kvinject.engine.batching import generate_all
 from kvinject.engine.context import Context
+from kvinject.engine.generation.batching import generate_all
 from kvinject.engine.options import CacheOptions
 from kvinject.engine.perturbation import EntryModel
 from kvinject.engine.target import Target

@@ -30,6 +30,7 @@ def base(command: str, output: str, tmp_path: Path, model: Path) -> list[object]
     args = {
         "run": ["run", "--bench", "nexttoken", "--model", model],
         "profile": ["profile", "--error", "normal:0,0.5", "--bench", "nexttoken", "--model", model],
+        "tune": ["tune", "--bits", "4", "--model", model],
         "divergence": ["divergence", "--error", "normal:0,0.5", "--prompt", "Hi", "--model", model],
         "report": ["report", empty_store(tmp_path)],
         "score": ["score", "ifeval", "--data", "x", "--responses", tmp_path / "r.jsonl"],

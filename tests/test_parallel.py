@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from kvinject.benchmarks import NextToken, Perplexity
-from kvinject.engine.batching import generate_all
 from kvinject.engine.context import Context
+from kvinject.engine.generation.batching import generate_all
 from kvinject.engine.model import Model
 from kvinject.engine.options import BackendOptions, CacheOptions
 from kvinject.error_models import parse_error
@@ -205,7 +205,7 @@ def test_a_steps_greedy_picks_are_each_rows_and_nonfinite_rows_are_left_to_the_s
     """The picks of a generation step, computed for its rows at once, against each row's own
     argmax; a row holding a NaN or an infinity (anywhere) gets no pick, so that the step counts it
     and picks after replacing NaN, as for a row decoded alone."""
-    from kvinject.engine.batching import _picks
+    from kvinject.engine.generation.batching import _picks
 
     rows = np.random.default_rng(0).standard_normal((6, 50)).astype(np.float32)
     rows[1, 7] = np.nan

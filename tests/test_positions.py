@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from kvinject.benchmarks import make_bench
-from kvinject.engine.batching import generate_all
 from kvinject.engine.context import Context
+from kvinject.engine.generation.batching import generate_all
 from kvinject.engine.positions import Positions
 from kvinject.engine.target import Target
 from kvinject.error_models import parse_error

@@ -1,4 +1,4 @@
-"""Prompts decoded once for every eviction configuration (kvinject/engine/prefills.py): a
+"""Prompts decoded once for every eviction configuration (kvinject/engine/cache/prefills.py): a
 configuration that restores another's snapshot of a prompt must give, bit for bit, what it gives
 decoding the prompt itself: the tokens, the logits of every pick, and the cells its sequence holds
 at the end with their K and V (read back through llama.cpp's state export)."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvinject.engine.batching import generate_all
+from kvinject.engine.cache.prefills import Prefills
 from kvinject.engine.context import Context
+from kvinject.engine.generation.batching import generate_all
 from kvinject.engine.options import CacheOptions
-from kvinject.engine.prefills import Prefills
 from kvinject.error_models import parse_error
 from kvinject.error_models.eviction import METHODS
 

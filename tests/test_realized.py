@@ -9,7 +9,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from kvinject.engine.realized import RealizedStats, Workspace
+from kvinject.engine.realized_error import RealizedStats, Workspace
 
 from .cli_runs import kvinject
 

@@ -11,9 +11,9 @@ import pytest
 from kvinject.analysis.aggregate import aggregate
 from kvinject.benchmarks import make_bench
 from kvinject.benchmarks.drift import compare
-from kvinject.engine.batching import generate_all
-from kvinject.engine.cache_free import generate_cache_free, greedy, one_pass, pass_context
 from kvinject.engine.context import Context
+from kvinject.engine.generation.batching import generate_all
+from kvinject.engine.generation.cache_free import generate_cache_free, greedy, one_pass, pass_context
 from kvinject.engine.options import CacheOptions
 from kvinject.error_models import parse_error
 from kvinject.error_models.configuration import Configuration, configurations

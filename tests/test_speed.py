@@ -1,10 +1,10 @@
-"""The time model behind `sweep --dry-run`'s estimate (kvinject/engine/speed.py)."""
+"""The time model behind `sweep --dry-run`'s estimate (kvinject/benchmarks/speed.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvinject.engine.speed import PREFILL_TOK_S, Speed
+from kvinject.benchmarks.speed import PREFILL_TOK_S, Speed
 
 
 def test_short_prompts_cost_in_proportion_and_long_ones_more():

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from kvinject.analysis.report import summarize
-from kvinject.engine.speed import Speed
+from kvinject.benchmarks.speed import Speed
 from kvinject.experiments.grid import GridError, bench_labels, load_grid
 from kvinject.experiments.store import Store
 from kvinject.experiments.sweep import Sweep
@@ -363,7 +363,7 @@ def test_dry_run_estimate_counts_parallel_generation(tmp_path, tiny_path):
 
 def test_dry_run_estimate_counts_a_prompt_once_for_the_eviction_configurations_sharing_it(tmp_path, tiny_path):
     """With one sequence per context, the second and later eviction configurations that read
-    what the first reads restore its prompts (kvinject/engine/prefills.py): they cost generation only."""
+    what the first reads restore its prompts (kvinject/engine/cache/prefills.py): they cost generation only."""
     grid = "[sweep]\nmodels = ['{model}']\nruns = 1\nparallel = {parallel}\nflash_attn = 'off'\n[bench.niah]\nlengths = [1024]\n[[errors]]\nspec = {specs}\n"
     seconds = {}
     grids = [(1, ["evict:knorm,0.5"]), (1, ["evict:knorm,0.5", "evict:window,0.5"]), (1, ["evict:knorm,0.5", "evict:tova,0.5"])]

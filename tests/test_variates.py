@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from kvinject.engine.counter_rng import _F, _X
+from kvinject.engine.callback.counter_rng import _F, _X
 from kvinject.engine.laws import NORMAL, SIGN, UNIFORM
 from kvinject.engine.variates import GENERATOR, Variates, factors
 from kvinject.error_models.configuration import Configuration

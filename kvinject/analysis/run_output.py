@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..benchmarks.base import Benchmark, RunResult
-from ..engine.realized import Realized, RealizedStats
+from ..engine.realized_error import Realized, RealizedStats
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
 from ..experiments.grid import settings_key

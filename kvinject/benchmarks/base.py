@@ -9,16 +9,16 @@ from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 
-from ..engine.batching import Generation
+from ..engine.generation.batching import Generation
 from ..engine.model import Model
 from ..engine.positions import GENERATION_SPANS, Spans
-from ..engine.realized import Realized
-from ..engine.speed import Speed
+from ..engine.realized_error import Realized
 from ..error_models.configuration import Configuration
 from ..exceptions import DataError, SpecError
 from .drift import METRICS as DRIFT
 from .options import Options
 from .outcomes import METRICS as OUTCOMES
+from .speed import Speed
 
 # progress(advance) is called as items finish; benchmarks report how many units they will do.
 Progress = Callable[[int], None]

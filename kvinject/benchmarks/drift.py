@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ..engine.cache_free import greedy
+from ..engine.generation.cache_free import greedy
 
 ROWS = 32  # positions compared at a time
 

@@ -39,15 +39,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..data import load_hf, read_jsonl
-from ..engine.batching import Generation
+from ..engine.generation.batching import Generation
 from ..engine.model import Model
 from ..engine.positions import Spans
-from ..engine.spans import token_spans
-from ..engine.speed import Speed
 from ..exceptions import DataError
 from .arithmetic import Problem, generate, problems
 from .base import GenerationBenchmark
 from .options import Options, option
+from .spans import token_spans
+from .speed import Speed
 
 STOPS = ("Question:", "</s>", "<|im_end|>")
 STOP_TAIL = 16  # tokens detokenized to look for a stop sequence: more than any of them takes

@@ -19,14 +19,14 @@ from functools import lru_cache
 import numpy as np
 
 from ..data import read_text
-from ..engine.batching import Generation
+from ..engine.generation.batching import Generation
 from ..engine.model import Model
 from ..engine.positions import Spans
-from ..engine.spans import token_spans
-from ..engine.speed import Speed
 from ..exceptions import DataError
 from .base import GenerationBenchmark
 from .options import Options, option
+from .spans import token_spans
+from .speed import Speed
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"(])")
 # RULER's "noise" haystack (niah_single_1, vt) and Landmark Attention's passkey filler: this

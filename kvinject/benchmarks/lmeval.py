@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from ..engine.model import Model
-from ..engine.speed import Speed
 from ..exceptions import DataError
 from .base import Benchmark, Golden, Plan, Progress, RunResult
 from .options import Options, option
+from .speed import Speed
 
 # Rough prompt tokens of a document, for `sweep --dry-run`'s estimate only.
 DOC_TOKENS = 300

@@ -15,11 +15,11 @@ from typing import Callable
 import numpy as np
 
 from ..data import read_text
-from ..engine.batching import Generation
+from ..engine.generation.batching import Generation
 from ..engine.model import Model
-from ..engine.speed import Speed
 from ..exceptions import DataError
 from .base import GenerationBenchmark, nanmean
+from .speed import Speed
 
 # WikiText marks intra-word hyphens and number separators as " @-@ ", " @,@ ", " @.@ ".
 _WIKITEXT_JOINS = re.compile(r" @([-,.])@ ")

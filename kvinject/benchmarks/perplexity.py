@@ -31,12 +31,12 @@ from llama_cpp import llama_cpp as ll
 from ..data import read_text
 from ..engine.context import Context
 from ..engine.model import Model
-from ..engine.realized import sumsq
-from ..engine.speed import Speed
+from ..engine.realized_error import sumsq
 from ..error_models.configuration import Configuration
 from ..exceptions import DataError, SpecError
 from .base import Benchmark, Golden, Plan, Progress, RunResult
 from .options import Options, option
+from .speed import Speed
 
 
 class _Tally:
@@ -63,6 +63,7 @@ class PerplexityOptions(Options):
     limit: int | None = option(None, "Chunks to evaluate (default: all); --chunks says the same.", minimum=1)
     chunks: int | None = option(None, "Chunks of --ctx tokens (default: all, or --limit).", minimum=1)
     ctx: int = option(512, "Chunk size in tokens, as llama-perplexity's --ctx-size.", minimum=8)
+    skip: int | None = option(None, "Chunks left out at the start of the text: score text that another run (kvinject tune) did not see.", minimum=1)
     step: int | None = option(
         None,
         "Decode the scored half of each chunk STEP tokens at a time (1: token by token), so that kivi and evict act on "
@@ -122,6 +123,7 @@ class Perplexity(Benchmark):
             "data": self.options.data or "bundled:encyclopedia",
             "ctx": self.n_ctx,
             "chunks": len(self),
+            **({"skip": self.options.skip} if self.options.skip else {}),
             "scored_per_chunk": self.n_ctx - 1 - self.n_ctx // 2,
         } | ({"step": self.options.step} if self.options.step else {})
 
@@ -137,8 +139,12 @@ class Perplexity(Benchmark):
 
     def tokens(self, model: Model) -> list[int]:
         tokens = model.tokenize(self.text, add_special=True, parse_special=False)
-        if len(tokens) < 2 * self.n_ctx:
-            raise DataError(f"{self.options.data or 'the corpus'} has {len(tokens)} tokens; perplexity at --ctx {self.n_ctx} needs at least {2 * self.n_ctx}")
+        skip = self.options.skip or 0
+        if len(tokens) < (2 + skip) * self.n_ctx:
+            after = f" after the {skip} chunks --skip leaves out" if skip else ""
+            corpus = self.options.data or "the corpus"
+            raise DataError(f"{corpus} has {len(tokens)} tokens; perplexity at --ctx {self.n_ctx} needs at least {2 * self.n_ctx}{after}")
+        tokens = tokens[skip * self.n_ctx :]
         n_max = len(tokens) // self.n_ctx
         self._n_chunk = min(self.chunks, n_max) if self.chunks else n_max
         return tokens

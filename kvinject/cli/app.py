@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .. import __version__, interrupts
 from ..exceptions import KvinjectError
-from . import benchmarks, divergence, errors, generate, harness, info, profile, replay, report, run, score, sweep
+from . import benchmarks, divergence, errors, generate, harness, info, profile, replay, report, run, score, sweep, tune
 from .numbers import strict
 from .render import stoppable
 
@@ -57,6 +57,7 @@ app.command()(stoppable(generate.generate))
 app.command(name="run")(stoppable(run.run_command))
 app.command()(stoppable(sweep.sweep))
 app.command(name="profile")(stoppable(profile.profile))
+app.command(name="tune")(stoppable(tune.tune))
 app.command(name="divergence")(stoppable(divergence.divergence_command))
 app.command()(stoppable(report.report))
 app.command()(stoppable(replay.replay))

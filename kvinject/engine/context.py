@@ -14,16 +14,16 @@ from llama_cpp import llama_cpp as ll
 
 from ..exceptions import InjectionError, ModelError, SpecError
 from .batch import Batch
-from .bits import cache_bits
-from .cache_writes import Writes
+from .cache.prefills import Prefills, Seen, Snapshot
+from .cache.resident_cache import ResidentCache
+from .cache_bits import cache_bits
 from .ggml import CACHE_TYPES
+from .graph.cache_writes import Writes
 from .llama_log import captured_log
 from .options import CacheOptions
 from .perturbation import ErrorModel, NoError, check_configuration
 from .positions import Spans
-from .prefills import Prefills, Seen, Snapshot
-from .realized import Realized
-from .resident import ResidentCache
+from .realized_error import Realized
 from .sites import Placed
 from .target import Target
 from .variates import Draws, Variates
@@ -80,7 +80,7 @@ class Context:
     step's tokens of sequences 2, 3 and 4). Noise and sampling are seeded per sequence: by
     ``(seed, run, item)`` for the item started on it with :meth:`begin_item`, by ``(seed, run)``
     for sequence 0 otherwise; the same settings and seed reproduce exactly. With ``residual``, each layer's output of every
-    decode can be read after it (:attr:`residual`, kvinject/engine/residual.py).
+    decode can be read after it (:attr:`residual`, kvinject/engine/graph/residual_stream.py).
     """
 
     def __init__(
@@ -113,7 +113,7 @@ class Context:
         self.hook = self._make_hook(model) if self.error.injects else None
         self.residual = None
         if residual:
-            from .residual import ResidualStream
+            from .graph.residual_stream import ResidualStream
 
             self.residual = ResidualStream(model.n_layer, model.n_embd, self.hook.header if self.hook is not None else None)
         self.seed, self.run = seed, run
@@ -126,7 +126,7 @@ class Context:
         self._spans: dict[int, Spans] = {}  # the spans --positions may name, per sequence
         self._lengths: dict[int, int] = {}  # tokens decoded per sequence, for bits per element
         self._finished: list[int] = []  # and of the sequences forgotten
-        self._watch: _Watch | None = None  # a prompt to snapshot once decoded far enough (kvinject/engine/prefills.py)
+        self._watch: _Watch | None = None  # a prompt to snapshot once decoded far enough (kvinject/engine/cache/prefills.py)
         self._seed(0, [seed, run])
         self._ptr = self._llama_context(model, n_ctx, n_seq)
         self.n_vocab = model.n_vocab
@@ -140,7 +140,7 @@ class Context:
     def _make_hook(self, model: Model):
         # Imported here: the compiled callback maps about 50 MB of numba's compiler state, which
         # a context with nothing to hook (a control) need not load.
-        from .hook import KVHook
+        from .graph.hook import KVHook
 
         return KVHook(
             self.error.stored(self.cache, self.target.components).fit(model, self.cache),
@@ -243,7 +243,7 @@ class Context:
 
     def resume(self, seq: int, prompt: Sequence[int], prefills: Prefills | None) -> tuple[int, np.ndarray | None]:
         """For a prompt begun on ``seq`` (its spans marked), the part that every configuration
-        sharing ``prefills`` decodes alike (kvinject/engine/prefills.py): restored if a snapshot
+        sharing ``prefills`` decodes alike (kvinject/engine/cache/prefills.py): restored if a snapshot
         of it is kept, with the model replaying what it saw, returning how many tokens that is
         and, where that is the whole prompt, its last token's logits; otherwise a snapshot is
         taken once the decodes get there (0, None). Only a cache-resident model that acts at the

@@ -25,11 +25,11 @@ from ..values import optional, parse_scalar
 from .variates import Draws, Variates
 
 if TYPE_CHECKING:
-    from .blocks import BlockFormat
+    from .cache.resident_cache import ResidentCache
     from .model import Model, Shape
     from .options import CacheOptions
-    from .realized import Realized
-    from .resident import ResidentCache
+    from .quant_blocks import BlockFormat
+    from .realized_error import Realized
     from .target import Target
 
 
@@ -196,7 +196,7 @@ class ErrorModel(ABC):
 
 class EntryModel(ErrorModel):
     """A model that changes K/V as they enter the cache, one decode's rows at a time: ``apply``
-    in Python, or a ``law`` the compiled callback computes itself (kvinject/engine/hook.py)."""
+    in Python, or a ``law`` the compiled callback computes itself (kvinject/engine/graph/hook.py)."""
 
     @property
     def at_entry(self) -> EntryModel:
@@ -214,7 +214,7 @@ class EntryModel(ErrorModel):
     @property
     def law(self) -> tuple[float, ...] | None:
         """What the compiled callback computes itself in its pass over host memory, ``(kind,
-        ...)``: a factor law of kvinject/engine/variates.py or a rounding (kvinject/engine/rounding.py). None:
+        ...)``: a factor law of kvinject/engine/variates.py or a rounding (kvinject/engine/callback/rounding.py). None:
         :meth:`apply` runs in Python."""
         return None
 
@@ -226,13 +226,13 @@ class EntryModel(ErrorModel):
 
     @property
     def pre_rope(self) -> bool:
-        """Change K where RoPE reads it rather than where the cache write does (kvinject/engine/hook.py)."""
+        """Change K where RoPE reads it rather than where the cache write does (kvinject/engine/graph/hook.py)."""
         return False
 
     @property
     def blocks(self) -> BlockFormat | None:
         """The quantized blocks whose bits this model flips in the cache once llama.cpp has
-        written them (kvinject/engine/blocks.py); None: it changes K and V as they enter."""
+        written them (kvinject/engine/quant_blocks.py); None: it changes K and V as they enter."""
         return None
 
     @property
@@ -250,6 +250,12 @@ class EntryModel(ErrorModel):
     def sink_tokens(self) -> int:
         """The first positions of every sequence the model leaves exact (attention sinks)."""
         return 0
+
+    def parts_at(self, component: str, layer: int, row: int) -> tuple[tuple[int, np.ndarray | None], ...]:
+        """A composite's parts that change this layer's K or V (rows of ``row``), each by its
+        place in the spec with the columns of its heads (None: all), whose realized statistics
+        are kept apart; none for a model of its own."""
+        return ()
 
 
 def _selecting(target: Target) -> str | None:
@@ -295,7 +301,7 @@ class CacheResident(ErrorModel):
     they enter it: what cannot be decided for one vector alone (KIVI quantizes K over groups of
     tokens and keeps the most recent ones exact until they age out). The hook claims nothing for
     it; the context calls :meth:`check` before it creates its llama context and
-    :meth:`after_decode` after every decode (kvinject/engine/resident.py)."""
+    :meth:`after_decode` after every decode (kvinject/engine/cache/resident_cache.py)."""
 
     @property
     def resident(self) -> CacheResident:
@@ -326,7 +332,7 @@ class CacheResident(ErrorModel):
     @property
     def shares_prefill(self) -> bool:
         """Changes nothing before a prompt (or its ``breaks_at`` span) is decoded to its end, so
-        that configurations may share that decode (kvinject/engine/prefills.py)."""
+        that configurations may share that decode (kvinject/engine/cache/prefills.py)."""
         return False
 
     def check_target(self, target: Target, cache: CacheOptions) -> None:

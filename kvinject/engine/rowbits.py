@@ -2,7 +2,7 @@
 several values (a burst, a word) and ECC over 64-bit words act on them.
 
 A row is one token's K or V of one layer: its values one after another, little-endian (f16 and
-bf16 2 bytes each, f32 4), or q8_0/q4_0 blocks (kvinject/engine/blocks.py). A change is given
+bf16 2 bytes each, f32 4), or q8_0/q4_0 blocks (kvinject/engine/quant_blocks.py). A change is given
 per value in the masks faults are drawn in: a float's bits, or a block value's (its code's bits
 0-7, and on a block's first value its scale's bits as 16-31), as ``clear`` (bits set to 0) then
 ``xor`` (bits flipped), so that a flip, a stuck bit and a value set outright are one operation.

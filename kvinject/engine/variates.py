@@ -25,7 +25,7 @@ GENERATOR = "splitmix64 counter, ziggurat-256 normals (kvinject.variates v1)"
 
 def factors(law: tuple[int, float, float], key: int, start: int, n: int) -> np.ndarray:
     """Values ``start .. start + n - 1`` of the stream ``key`` under ``law``, as float32."""
-    from .counter_rng import fill  # compiled on first use: a context that draws no noise never loads numba (~65 MB)
+    from .callback.counter_rng import fill  # compiled on first use: a context that draws no noise never loads numba (~65 MB)
 
     out = np.empty(n, np.float32)
     kind, a, b = law

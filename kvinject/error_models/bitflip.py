@@ -2,7 +2,7 @@
 number per item. The format is the cache's: fp16 for an f16 cache (the default), bf16 or f32
 for those caches, unless ``format=`` names one. For a quantized cache ``bitflip`` flips fp16,
 as before (llama.cpp quantizes the float32 value, here flipped as fp16), while ``faults`` flips
-bits of the q8_0 or q4_0 blocks themselves: a scale's or a code's (kvinject/engine/blocks.py)."""
+bits of the q8_0 or q4_0 blocks themselves: a scale's or a code's (kvinject/engine/quant_blocks.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from ..engine import laws
-from ..engine.blocks import BLOCK_FORMATS, VALUES, BlockFormat
 from ..engine.perturbation import EntryModel, ErrorModel
+from ..engine.quant_blocks import BLOCK_FORMATS, VALUES, BlockFormat
 from ..engine.rowbits import SCALE_SHIFT, RowLayout, land
 from ..engine.sites import Placed
 from ..engine.variates import Draws

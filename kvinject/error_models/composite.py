@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 
-from ..engine.perturbation import CacheResident, EntryModel, ErrorModel, Multiplicative
+from ..engine.perturbation import CacheResident, EntryModel, ErrorModel
 from ..engine.target import Target, format_indices
 from ..exceptions import SpecError
 
 if TYPE_CHECKING:
+    from ..engine.cache.resident_cache import ResidentCache
     from ..engine.model import Model, Shape
     from ..engine.options import CacheOptions
-    from ..engine.resident import ResidentCache
     from ..engine.variates import Draws
 
 # A ``+`` that starts a part: one before a model's name, not an exponent's sign (1e+3).
@@ -179,13 +179,13 @@ class Composite(ErrorModel):
 
     @property
     def at_entry(self) -> EntryModel | None:
-        parts = tuple(p for p in self.parts if p.error.at_entry is not None)
-        return EntryParts(parts, self.n_head_kv) if parts else None
+        places = tuple(i for i, p in enumerate(self.parts) if p.error.at_entry is not None)
+        return EntryParts(tuple(self.parts[i] for i in places), self.n_head_kv, places) if places else None
 
     @property
     def resident(self) -> CacheResident | None:
-        parts = tuple(p for p in self.parts if p.error.resident is not None)
-        return ResidentParts(parts, alone=len(parts) == len(self.parts)) if parts else None
+        places = tuple(i for i, p in enumerate(self.parts) if p.error.resident is not None)
+        return ResidentParts(tuple(self.parts[i] for i in places), len(places) == len(self.parts), places) if places else None
 
     @property
     def random(self) -> bool:
@@ -193,11 +193,6 @@ class Composite(ErrorModel):
 
     def stream(self, rng: np.random.Generator, span: tuple[int, int, int] | None) -> Draws | None:
         return next((p.error.stream(rng, span) for p in self.parts if p.error.random), None)
-
-    @property
-    def multiplicative(self) -> bool:
-        """A part's factors depend on the generator (the store key says which)."""
-        return any(isinstance(p.error, Multiplicative) for p in self.parts)
 
     def stored(self, cache: CacheOptions, components: str) -> ErrorModel:
         return Composite(tuple(replace(p, error=p.error.stored(cache, p.target.components)) for p in self.parts))
@@ -230,6 +225,7 @@ class EntryParts(EntryModel):
 
     parts: tuple[Part, ...]
     n_head_kv: int  # the model's, which the parts' heads split a row by
+    places: tuple[int, ...]  # each part's place in the composite's spec
     name: ClassVar[str] = "composite"
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
@@ -244,6 +240,9 @@ class EntryParts(EntryModel):
             part.error.at_entry.apply_at(x, draws, component, layer)
             if columns is not None:  # the heads left out get their values back, as --heads does
                 x[:, ~columns] = before
+
+    def parts_at(self, component: str, layer: int, row: int) -> tuple[tuple[int, np.ndarray | None], ...]:
+        return tuple((i, p.target.columns(row, self.n_head_kv)) for i, p in zip(self.places, self.parts) if p.target.wants(component, layer))
 
     @property
     def random(self) -> bool:
@@ -265,10 +264,11 @@ class ResidentParts(CacheResident):
 
     parts: tuple[Part, ...]
     alone: bool  # no part changes values as they enter the cache
+    places: tuple[int, ...]  # each part's place in the composite's spec
     name: ClassVar[str] = "composite"
 
     def after_decode(self, cache: ResidentCache, grown: list[tuple[int, int, int]]) -> None:
-        for i, part in enumerate(self.parts):
+        for i, part in zip(self.places, self.parts):
             with cache.acting(i, part.target):
                 part.error.resident.after_decode(cache, grown)
 

@@ -47,7 +47,7 @@ class Configuration:
     @property
     def cache_free(self) -> bool:
         """Decoded without reusing cached K/V (``recompute``): each token's logits from one pass
-        over its prefix (kvinject/engine/decoding.py)."""
+        over its prefix (kvinject/engine/generation/decoding.py)."""
         from .recompute import Recompute  # here: imported with this module, it would register first, and `kvinject errors` lists in module order
 
         return isinstance(self.error, Recompute)

@@ -27,8 +27,8 @@ from .eviction.allocation import ALLOCATIONS, ada, per_layer, pyramid
 from .registry import register
 
 if TYPE_CHECKING:
+    from ..engine.cache.resident_cache import ResidentCache
     from ..engine.options import CacheOptions
-    from ..engine.resident import ResidentCache
     from ..engine.target import Target
 
 # Each method's options (the fields of Evict it takes) and what it reads.
@@ -171,7 +171,7 @@ class Evict(CacheResident):
                 raise SpecError(f"{what}, which a {kind} cache holds in blocks: use an f32, f16 or bf16 {component} cache")
 
     def bits_per_element(self, stored: float, component: str, lengths: Sequence[int] = (), row: int = 0) -> float:
-        """The cache's bits; the kept share of the tokens scales them (kvinject.engine.bits). With no
+        """The cache's bits; the kept share of the tokens scales them (kvinject.engine.cache_bits). With no
         run's lengths known, a ratio budget's share."""
         return stored if lengths or "." not in self.budget else stored * float(Fraction(self.budget))
 

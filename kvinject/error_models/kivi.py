@@ -28,9 +28,9 @@ from ..exceptions import SpecError
 from .registry import register
 
 if TYPE_CHECKING:
+    from ..engine.cache.resident_cache import ResidentCache
     from ..engine.model import Shape
     from ..engine.options import CacheOptions
-    from ..engine.resident import ResidentCache
     from ..engine.target import Target
 
 

@@ -2,7 +2,7 @@
 
 Formats as the OCP 8-bit floating point specification (FP8 v1.0) and the OCP Microscaling
 specification (MX v1.0) define them, their parameters from ml_dtypes, rounded by
-kvinject/engine/rounding.py (bit for bit as ml_dtypes converts): round to nearest, ties to even,
+kvinject/engine/callback/rounding.py (bit for bit as ml_dtypes converts): round to nearest, ties to even,
 subnormals kept. Values beyond the largest finite value saturate to it, OCP's conversion mode
 for machine learning (e4m3, fp6 and fp4 have no infinity). The compiled callback rounds in
 its own pass.
@@ -66,7 +66,7 @@ class Minifloat(EntryModel):
 
     @cached_property
     def _format(self) -> tuple[float, int, int]:
-        """(largest, mantissa bits, smallest normal exponent), what kvinject/engine/rounding.py takes."""
+        """(largest, mantissa bits, smallest normal exponent), what kvinject/engine/callback/rounding.py takes."""
         return float(self._info.max), int(self._info.nmant), int(self._info.minexp)
 
     @property
@@ -84,7 +84,7 @@ class Minifloat(EntryModel):
         return self.element_bits + (SCALE_BITS / self.block if self.block else 0)
 
     def apply(self, x: np.ndarray, draws: Draws | None) -> None:
-        from ..engine.rounding import round_array, round_blocks  # compiled: only where the callback does not round (its law)
+        from ..engine.callback.rounding import round_array, round_blocks  # compiled: only where the callback does not round (its law)
 
         largest, nmant, minexp = self._format
         if self.block:

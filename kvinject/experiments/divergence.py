@@ -2,11 +2,11 @@
 reference's on the same tokens, per layer and position (docs/divergence.md).
 
 The reference generates greedily once per item (``recompute@f32``: the cache-free generation
-of kvinject.engine.cache_free). Then the reference and every configuration are fed the prompt and those
+of kvinject.engine.generation.cache_free). Then the reference and every configuration are fed the prompt and those
 tokens, each the way it generates: a cached configuration decodes the prompt in batch pieces
 and then one token per decode (its noise seeded per item as in a benchmark run), a cache-free
 one (``recompute``) one pass over everything. Each layer's output is read from the graph at
-every position (kvinject/engine/residual.py) and compared: ``||x - x_ref|| / ||x_ref||``.
+every position (kvinject/engine/graph/residual_stream.py) and compared: ``||x - x_ref|| / ||x_ref||``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..benchmarks import Benchmark, GenerationBenchmark
-from ..engine.cache_free import pass_context, pass_pieces
 from ..engine.context import Context
-from ..engine.decoding import generator
+from ..engine.generation.cache_free import pass_context, pass_pieces
+from ..engine.generation.decoding import generator
 from ..engine.model import Model
 from ..engine.positions import GENERATION_SPANS, MAX_POSITION, Spans
 from ..error_models.configuration import Configuration

@@ -1,7 +1,7 @@
 """The executor's decoding: every planned run of a benchmark under its configuration, the
 control first. A generation benchmark describes its prompts, limits, scoring and summaries
 (kvinject/benchmarks/base.py); here each run gets its context, decodes with or without the
-cache (kvinject/engine/decoding.py), has its items compared with the control's (token
+cache (kvinject/engine/generation/decoding.py), has its items compared with the control's (token
 divergence, fault outcomes, logit drift against a cache-free control) and becomes a
 ``RunResult``. Benchmarks that decode their own way (perplexity, lm-eval) implement ``evaluate``."""
 
@@ -17,12 +17,12 @@ from ..benchmarks.base import Benchmark, GenerationBenchmark, Golden, Plan, Prog
 from ..benchmarks.drift import compare
 from ..benchmarks.drift import summarize as summarize_drift
 from ..benchmarks.outcomes import classify
-from ..engine.cache_free import one_pass, pass_context
+from ..engine.cache.prefills import Prefills
 from ..engine.context import Context
-from ..engine.decoding import generator
+from ..engine.generation.cache_free import one_pass, pass_context
+from ..engine.generation.decoding import generator
 from ..engine.model import Model
 from ..engine.positions import GENERATION_SPANS, Spans
-from ..engine.prefills import Prefills
 from ..error_models.configuration import Configuration
 from ..exceptions import DataError
 

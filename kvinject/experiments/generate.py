@@ -6,11 +6,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 from ..engine.context import Context
-from ..engine.decoding import generator
+from ..engine.generation.decoding import generator
 from ..engine.model import Model
 from ..engine.perturbation import changed_nothing
 from ..engine.positions import GENERATION_SPANS
-from ..engine.realized import Realized
+from ..engine.realized_error import Realized
 from ..error_models.configuration import Configuration
 from ..exceptions import DataError, SpecError
 

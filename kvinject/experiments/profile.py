@@ -63,6 +63,9 @@ def profile_grid(
     through the grid parser so that it is checked as a grid file is: the bench with the options
     named in ``given`` as ``bench.options`` holds them, the control, and each of ``errors`` on
     each layer's K and on each layer's V (``by_head``: on each KV head of them)."""
+    for error in errors:
+        if len(error.parts_on(Target())) > 1:
+            raise KvinjectError(f"a profile puts one error model into one layer's K or V at a time, and '{error.spec}' is a composite of several: give one")
     for error in (e for e in errors if e.resident is not None):
         try:
             error.check_target(Target.parse("k", "0"), cache)
@@ -74,7 +77,7 @@ def profile_grid(
     path = resolve_model(model)
     with Model(str(path), BackendOptions(n_gpu_layers=0)) as shape:  # mmapped: the layers, not the weights
         n_layer, n_head_kv = shape.n_layer, shape.n_head_kv
-    options = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(bench.options).items() if k in given and v is not None}
+    options = given_options(bench, given)
     sweep: dict[str, Any] = {
         "models": [str(path)],
         "runs": runs,
@@ -89,6 +92,11 @@ def profile_grid(
     sweep |= {k: v for k, v in (("threads", backend.threads), ("n_gpu_layers", backend.n_gpu_layers), ("parallel", backend.parallel)) if v is not None}
     raw = {"sweep": sweep, "bench": {bench.name: options}, "errors": [{"spec": [e.spec for e in errors]}]}
     return build_grid(store or default_store(path, bench.name, "+".join(e.spec for e in errors)), raw)
+
+
+def given_options(bench: Benchmark, given: set[str]) -> dict[str, Any]:
+    """The options of ``bench`` named in ``given`` (those the user set), as a grid's bench table holds them."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(bench.options).items() if k in given and v is not None}
 
 
 def sensitivity(records: list[dict[str, Any]], error: ErrorModel, metric: str, by_head: bool = False) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from ..benchmarks import make_bench
 from ..benchmarks.base import GenerationBenchmark
 from ..benchmarks.outcomes import METRICS as OUTCOMES
 from ..benchmarks.outcomes import classify
-from ..engine.batching import generate_all
+from ..engine.generation.batching import generate_all
 from ..engine.model import Model, file_sha256, resolve_model
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError

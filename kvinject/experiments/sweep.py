@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..benchmarks import Benchmark, RunResult, make_bench
+from ..benchmarks.speed import Speed
 from ..engine.model import CPU_PARALLEL, Model, Shape, file_sha256, resolve_model
 from ..engine.options import BackendOptions
-from ..engine.speed import Speed
 from ..exceptions import KvinjectError, SpecError
 from .campaign import campaign_runs
 from .executor import evaluate
@@ -154,7 +154,7 @@ class Sweep:
     def estimate_seconds(self, planned: list[Planned]) -> float:
         """Rough seconds on 2 CPU cores; generation at the grid's --parallel, else the CPU default.
         An eviction configuration after the first of its group that reads what it reads (with
-        one sequence per context) restores the prompts that one decoded (kvinject/engine/prefills.py)."""
+        one sequence per context) restores the prompts that one decoded (kvinject/engine/cache/prefills.py)."""
         parallel = self.grid.parallel or CPU_PARALLEL
         decoded: set[tuple] = set()
         total = 0.0

@@ -2,10 +2,10 @@
 engine, under one configuration (``error=``, its target and cache types in ``--model_args``).
 
 Log-likelihoods share a context's decode among its continuations (multiple choice) and batch
-continuations over the context's sequences (kvinject/engine/likelihood.py); rolling
+continuations over the context's sequences (kvinject/engine/generation/likelihood.py); rolling
 log-likelihoods cut a document into lm-eval's own windows (``get_rolling_token_windows``,
 ``make_disjoint_window``) of ``max_length`` tokens; generations run with continuous batching
-(kvinject/engine/batching.py) until a stop string, ``max_gen_toks`` or an end-of-generation
+(kvinject/engine/generation/batching.py) until a stop string, ``max_gen_toks`` or an end-of-generation
 token. Each request's noise is seeded by its tokens, so a request gets the same error whatever
 is evaluated beside it or before it. Tokenization is the GGUF's: a context starts with BOS
 where the model wants one, as llama.cpp does.
@@ -22,11 +22,11 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from ..engine.batching import generate_all
 from ..engine.context import Context
-from ..engine.likelihood import score_continuations
+from ..engine.generation.batching import generate_all
+from ..engine.generation.likelihood import score_continuations
 from ..engine.model import Model
-from ..engine.realized import Realized
+from ..engine.realized_error import Realized
 from ..error_models.configuration import Configuration
 from ..exceptions import DataError, SpecError
 from .settings import Settings

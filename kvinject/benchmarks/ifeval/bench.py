@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from ...data import bench_data, load_hf
-from ...engine.batching import Generation
+from ...engine.generation.batching import Generation
 from ...engine.model import Model
-from ...engine.speed import Speed
 from ...exceptions import DataError
 from ..base import GenerationBenchmark
 from ..options import Options, option
+from ..speed import Speed
 from .scoring import IFEvalItem, PromptVerdict, exclude, metrics, parse_items, read_items, score
 
 DEFAULT_DATA = "ifeval_style.jsonl"

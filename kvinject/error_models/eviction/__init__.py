@@ -22,7 +22,7 @@ import numpy as np
 from ...plugins import import_modules
 
 if TYPE_CHECKING:
-    from ...engine.resident import ResidentCache
+    from ...engine.cache.resident_cache import ResidentCache
 
 METHODS: dict[str, type[Method]] = {}
 

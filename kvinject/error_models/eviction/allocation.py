@@ -6,7 +6,7 @@ tokens per layer and KV head, (layers, heads, tokens), and a budget of B tokens,
 which each layer's heads keep (the same shape, bool): in all, B per layer and head on average.
 Every head keeps the sequence's newest token (llama.cpp requires its positions to follow on).
 A token no head keeps leaves the cache; the others are hidden from the heads that drop them
-(kvinject/engine/hidden.py)."""
+(kvinject/engine/graph/hidden.py)."""
 
 from __future__ import annotations
 

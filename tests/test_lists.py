@@ -20,6 +20,7 @@ from tests.cli_tree import WorkStarted, annotation, commands, empty_store, flag,
 COMMA = {"--layers", "--heads", "--positions", "--faults"}  # comma-separated options whose value is text
 SAMPLES = {
     "--error": "normal:0,0.5",
+    "--choice": "quant:4",
     "--bench": "nexttoken",
     "--data": "x.txt",
     "--prompt": "Hi",
@@ -64,6 +65,7 @@ def base(command: str, option: str, tmp_path: Path, model: Path) -> list[object]
         "run": [("--bench", bench), ("--model", model)],
         "divergence": [("--error", "normal:0,0.5"), *([("--bench", bench)] if owner else [("--prompt", "Hi")]), ("--model", model)],
         "profile": [("--error", "normal:0,0.5"), ("--bench", bench), ("--model", model)],
+        "tune": [("--bits", "4"), ("--bench", bench), ("--model", model)],
         "report": [("", empty_store(tmp_path))],
         "replay": [("", empty_store(tmp_path)), ("--item", "0")],
         "sweep": [("", grid), ("--slurm", None), ("--dry-run", None)],

@@ -71,7 +71,7 @@ def test_the_long_run(template, tmp_path):
             if problem:
                 findings += 1
                 out.write(f"{i}\tkvinject {' '.join(args)}\t{problem}\n")
-            if i % 100 == 0:
+            if i % 20 == 0:
                 out.write(f"# {i + 1} commands run, {findings} findings\n")
             out.flush()
     assert findings == 0, f"{findings} findings: see {log}"

@@ -1,6 +1,7 @@
 """The house plan (docs/architecture.md), held by the code's own imports: each module imports
-only from its own layer or those below it (and an engine room only from the rooms below it), no modules import each other in a circle (imports
-for type checking count: they are the same dependency), and no module grows past 500 lines."""
+only from its own layer or those below it (and an engine room only from the rooms below it), no
+modules import each other in a circle (imports for type checking count: they are the same
+dependency), no module grows past 500 lines and no function past 80."""
 
 import ast
 from pathlib import Path
@@ -16,6 +17,7 @@ FACE = {"kvinject", "kvinject.__main__"}
 # the llama.cpp binding) are not a room: the rooms build on the contract, the context on the rooms.
 ROOMS = ["callback", "gpu", "graph", "cache", "generation"]
 MAX_LINES = 500
+MAX_FUNCTION_LINES = 80  # a longer function does several jobs: name them as functions of their own
 
 
 def _modules() -> dict[str, Path]:
@@ -126,6 +128,16 @@ def test_no_modules_import_each_other_in_a_circle():
 def test_no_module_is_longer_than_the_plan_allows():
     long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def test_no_function_is_longer_than_the_plan_allows():
+    long = [
+        f"{name}.{node.name}: {n} lines"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES
+    ]
+    assert not long, "\n".join(long)
 
 
 def test_the_plan_names_every_package():

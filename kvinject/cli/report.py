@@ -14,95 +14,104 @@ from .flags import WideOpt, check_format
 from .outputs import check_writable
 from .render import console, print_table
 
+StoresArg = Annotated[
+    list[Path],
+    typer.Argument(
+        help="Results stores written by kvinject sweep (shards are merged), run folders of sweep --slurm, or the JSON files of kvinject run --output."
+    ),
+]
+FormatArg = Annotated[str, typer.Option("--format", help="table, markdown, csv, json or latex.")]
+FilterOpt = Annotated[
+    Optional[list[str]], typer.Option("--filter", help="Keep records whose setting KEY equals VALUE, e.g. bench=ifeval, target=k, cache_v=q8_0.")
+]
+AllMetricsOpt = Annotated[bool, typer.Option("--all-metrics", help="Every metric, not only each bench's primary one.")]
+MetricOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--metric",
+        help="Tabulate and draw this metric instead of each bench's primary one, e.g. token_match (eviction's agreement "
+        "with the full cache); see `kvinject benchmarks`. Benches without it are left out.",
+    ),
+]
+PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="Draw degradation curves to this PNG (needs matplotlib).")]
+HeatmapOpt = Annotated[
+    Optional[Path],
+    typer.Option("--heatmap", help="Draw score over length x depth (passkey, niah, vt) to this PNG, a panel per configuration (needs matplotlib)."),
+]
+FrontierOpt = Annotated[
+    Optional[Path],
+    typer.Option("--frontier", help="Draw each bench's score against bits per K/V element to this PNG, with the Pareto front (needs matplotlib)."),
+]
+FaultsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--faults",
+        help="Map a fault campaign (faults:1) instead: the shares of single-fault injections masked, benign, SDC and DUE (with its "
+        "causes), with 95% Wilson intervals, by bit, field, format, layer, kv, head, element, position or stage (several comma-separated, e.g. bit or "
+        "field,bit; docs/faults.md); --plot draws its SDC and DUE rates.",
+    ),
+]
+FitOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--fit-per-mbit",
+        help="With --faults and --ctx: a raw fault rate in FIT per Mbit (2^20 bits); each row gets the expected SDC and DUE FIT of its part "
+        "of the model's KV cache at --ctx tokens, with intervals (docs/faults.md).",
+    ),
+]
+FitCtxOpt = Annotated[Optional[int], typer.Option("--ctx", help="The context length whose KV cache --fit-per-mbit falls on, in tokens.")]
+OutcomesOpt = Annotated[
+    Optional[Path],
+    typer.Option("--outcomes", help="Draw the shares of items masked, benign, SDC and DUE per configuration to this PNG (fault campaigns; needs matplotlib)."),
+]
+HtmlOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--html",
+        help="Write the study as one web page to this file: manifest, the tables (sortable, filterable), the figures (interactive) and "
+        "generation benches' items; it holds its scripts and data and opens offline (needs altair and vl-convert-python).",
+    ),
+]
+BoardOpt = Annotated[
+    bool,
+    typer.Option(
+        "--board",
+        help="A board per model, as kvpress's leaderboard: eviction methods down, compression ratios across, each cell the score over every "
+        "bench's items with its interval, marked where it differs from the control; quantizers at the same bits per element "
+        "(examples/ruler-board.toml, docs/results-board.md).",
+    ),
+]
+
 
 def report(
-    stores: Annotated[
-        list[Path],
-        typer.Argument(
-            help="Results stores written by kvinject sweep (shards are merged), run folders of sweep --slurm, or the JSON files of kvinject run --output."
-        ),
-    ],
-    output_format: Annotated[str, typer.Option("--format", help="table, markdown, csv, json or latex.")] = "table",
-    filters: Annotated[
-        Optional[list[str]], typer.Option("--filter", help="Keep records whose setting KEY equals VALUE, e.g. bench=ifeval, target=k, cache_v=q8_0.")
-    ] = None,
-    all_metrics: Annotated[bool, typer.Option("--all-metrics", help="Every metric, not only each bench's primary one.")] = False,
-    metric: Annotated[
-        Optional[str],
-        typer.Option(
-            "--metric",
-            help="Tabulate and draw this metric instead of each bench's primary one, e.g. token_match (eviction's agreement "
-            "with the full cache); see `kvinject benchmarks`. Benches without it are left out.",
-        ),
-    ] = None,
+    stores: StoresArg,
+    output_format: FormatArg = "table",
+    filters: FilterOpt = None,
+    all_metrics: AllMetricsOpt = False,
+    metric: MetricOpt = None,
     wide: WideOpt = False,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw degradation curves to this PNG (needs matplotlib).")] = None,
-    heatmap: Annotated[
-        Optional[Path],
-        typer.Option("--heatmap", help="Draw score over length x depth (passkey, niah, vt) to this PNG, a panel per configuration (needs matplotlib)."),
-    ] = None,
-    frontier: Annotated[
-        Optional[Path],
-        typer.Option("--frontier", help="Draw each bench's score against bits per K/V element to this PNG, with the Pareto front (needs matplotlib)."),
-    ] = None,
-    faults: Annotated[
-        Optional[str],
-        typer.Option(
-            "--faults",
-            help="Map a fault campaign (faults:1) instead: the shares of single-fault injections masked, benign, SDC and DUE (with its "
-            "causes), with 95% Wilson intervals, by bit, field, format, layer, kv, head, element, position or stage (several comma-separated, e.g. bit or "
-            "field,bit; docs/faults.md); --plot draws its SDC and DUE rates.",
-        ),
-    ] = None,
-    fit_per_mbit: Annotated[
-        Optional[float],
-        typer.Option(
-            "--fit-per-mbit",
-            help="With --faults and --ctx: a raw fault rate in FIT per Mbit (2^20 bits); each row gets the expected SDC and DUE FIT of its part "
-            "of the model's KV cache at --ctx tokens, with intervals (docs/faults.md).",
-        ),
-    ] = None,
-    ctx: Annotated[Optional[int], typer.Option("--ctx", help="The context length whose KV cache --fit-per-mbit falls on, in tokens.")] = None,
-    outcomes: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--outcomes", help="Draw the shares of items masked, benign, SDC and DUE per configuration to this PNG (fault campaigns; needs matplotlib)."
-        ),
-    ] = None,
-    page: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--html",
-            help="Write the study as one web page to this file: manifest, the tables (sortable, filterable), the figures (interactive) and "
-            "generation benches' items; it holds its scripts and data and opens offline (needs altair and vl-convert-python).",
-        ),
-    ] = None,
-    board: Annotated[
-        bool,
-        typer.Option(
-            "--board",
-            help="A board per model, as kvpress's leaderboard: eviction methods down, compression ratios across, each cell the score over every "
-            "bench's items with its interval, marked where it differs from the control; quantizers at the same bits per element "
-            "(examples/ruler-board.toml, docs/results-board.md).",
-        ),
-    ] = False,
+    plot: PlotOpt = None,
+    heatmap: HeatmapOpt = None,
+    frontier: FrontierOpt = None,
+    faults: FaultsOpt = None,
+    fit_per_mbit: FitOpt = None,
+    ctx: FitCtxOpt = None,
+    outcomes: OutcomesOpt = None,
+    page: HtmlOpt = None,
+    board: BoardOpt = False,
 ) -> None:
     """Merge results stores (and run --output files) and print the study-style table: score, CIs,
     percent of control and the paired test, per bench and configuration."""
     from ..analysis.fit import check_fit
-    from ..analysis.plots import frontier as draw_frontier
-    from ..analysis.plots import heatmap as draw_heatmap
-    from ..analysis.plots import outcomes as draw_outcomes
-    from ..analysis.plots import plot as draw
-    from ..analysis.report import FORMATS, check_metric, flags_nothing, load_records, render, select, store_paths, study_table, summarize, terminal_tables
-    from ..analysis.tables import NOTHING_NOTE, report_table
+    from ..analysis.report import FORMATS, load_records, select
 
     check_format(output_format, FORMATS)
     if metric and all_metrics:
         raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
     stores = unique("report's stores", stores, key=lambda p: p.resolve())
     filters, by = unique("--filter", filters or []), unique("--faults", split_list("--faults", faults)) if faults else []
-    check_writable({"--html": page}, figures={"--plot": plot, "--heatmap": heatmap, "--frontier": frontier, "--outcomes": outcomes}, inputs=stores)
+    figures = {"--plot": plot, "--heatmap": heatmap, "--frontier": frontier, "--outcomes": outcomes, "--html": page}
+    check_writable({"--html": page}, figures={k: v for k, v in figures.items() if k != "--html"}, inputs=stores)
     check_fit(fit_per_mbit, ctx, faults)
     records = select(load_records(stores), filters)
     if board:
@@ -114,29 +123,47 @@ def report(
         _board(records, output_format)
         return
     if faults:
-        others = [
-            flag
-            for flag, given in (
-                ("--metric", metric),
-                ("--all-metrics", all_metrics),
-                ("--wide", wide),
-                ("--heatmap", heatmap),
-                ("--frontier", frontier),
-                ("--outcomes", outcomes),
-                ("--html", page),
-            )
-            if given
-        ]
-        if others:
+        given = (("--metric", metric), ("--all-metrics", all_metrics), ("--wide", wide), ("--heatmap", heatmap), ("--frontier", frontier))
+        if others := [flag for flag, value in (*given, ("--outcomes", outcomes), ("--html", page)) if value]:
             raise KvinjectError(f"--faults prints a map of its own (--plot draws it): give {', '.join(others)} in another report")
         _fault_map(records, by, output_format, plot, (fit_per_mbit, ctx) if fit_per_mbit is not None else None)
         return
+    _study(records, stores, output_format, metric, all_metrics, wide, figures)
+
+
+def _study(records: list, stores: list[Path], output_format: str, metric: str | None, all_metrics: bool, wide: bool, figures: dict) -> None:
+    """The study table, its figures drawn first: one these records cannot give fails before the tables print."""
+    from ..analysis.report import check_metric, flags_nothing, render, store_paths, study_table, summarize, terminal_tables
+    from ..analysis.tables import NOTHING_NOTE, report_table
+
     df = summarize(records)
     if df.empty:
         raise KvinjectError("no control to compare these records with: a shard's store may lack it; give report the store that holds it too")
     if metric:
         check_metric(df, metric)
-    # Figures first: one these records cannot give fails before the tables print.
+    _draw(records, df, stores, metric, figures)
+    table = df if all_metrics else study_table(df, metric, digits=3 if output_format == "table" else 4)
+    if output_format != "table":
+        print(render(table, output_format))
+        return
+    parts = [(f"{len(records)} runs from {len(store_paths(stores))} store(s)", table)] if all_metrics or wide else terminal_tables(table)
+    for title, part in parts:
+        console.print(title, style="italic", highlight=False)  # not a table title: that wraps at the table's width
+        print_table(report_table(part))
+    if flags_nothing(table):
+        console.print(NOTHING_NOTE, style="yellow", highlight=False)
+    if not (all_metrics or wide):
+        console.print("--wide: every column in one table (ci_runs: the 95% interval across runs)", style="dim", highlight=False)
+
+
+def _draw(records: list, df, stores: list[Path], metric: str | None, figures: dict) -> None:
+    """--plot, --heatmap, --frontier, --outcomes and --html, each where given."""
+    from ..analysis.plots import frontier as draw_frontier
+    from ..analysis.plots import heatmap as draw_heatmap
+    from ..analysis.plots import outcomes as draw_outcomes
+    from ..analysis.plots import plot as draw
+
+    plot, heatmap, frontier, outcomes, page = (figures[flag] for flag in ("--plot", "--heatmap", "--frontier", "--outcomes", "--html"))
     if plot:
         draw(df, plot, metric)
         Console(stderr=True).print(f"plot written to {plot}")
@@ -154,18 +181,6 @@ def report(
 
         size = write_page(page, records, df, stores, metric)
         Console(stderr=True).print(f"page written to {page} ({size / 1e6:.2f} MB)")
-    table = df if all_metrics else study_table(df, metric, digits=3 if output_format == "table" else 4)
-    if output_format == "table":
-        parts = [(f"{len(records)} runs from {len(store_paths(stores))} store(s)", table)] if all_metrics or wide else terminal_tables(table)
-        for title, part in parts:
-            console.print(title, style="italic", highlight=False)  # not a table title: that wraps at the table's width
-            print_table(report_table(part))
-        if flags_nothing(table):
-            console.print(NOTHING_NOTE, style="yellow", highlight=False)
-        if not (all_metrics or wide):
-            console.print("--wide: every column in one table (ci_runs: the 95% interval across runs)", style="dim", highlight=False)
-    else:
-        print(render(table, output_format))
 
 
 def _fault_map(records: list, by: list[str], output_format: str, plot: Path | None, fit: tuple[float, int] | None) -> None:

@@ -59,7 +59,6 @@ def run_command(
     from ..analysis.run_output import RunOutput
     from ..benchmarks import make_benches
     from ..experiments.runner import metadata, records
-    from ..experiments.runner import run as run_benches
     from ..experiments.store import Store, temporary_store
 
     if runs < 1:
@@ -72,27 +71,45 @@ def run_command(
     check_writable(outputs, stores={"--store": store}, inputs=[b.options.data for b in benches], stdout=outputs)
     with Store(store) if store else temporary_store() as kept, setup.load() as m:  # a bad store fails before the model loads
         report = RunOutput(metadata(m, benches, configs, runs, seed, {"cache": cache.to_dict()}), benches={b.name: b for b in benches})
-        with progress_bars() as progress:
-            bars = {}
-
-            def bar(b, total):
-                bars[b.name] = progress.add_task(b.name, total=total)
-                return lambda n: progress.advance(bars[b.name], n)
-
-            def say(line):
-                progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-            try:
-                for result in run_benches(m, benches, configs, runs, seed, bar, kept, say):
-                    if not progress.console.is_terminal:  # a log (a cluster job's): no bar redraws, a timed line per run
-                        primary = next(b.primary for b in benches if b.name == result.bench)
-                        score = result.metrics.get(primary, math.nan)
-                        say(f"{time.strftime('%H:%M:%S')} {result.bench} {result.config.label} run {result.run}: {primary} {score:.4g}")
-            except KeyboardInterrupt as e:
-                report.interrupted, stop = True, e
-                caught(e)  # the finished runs are written below, outside this block
+        stop = _run_all(m, benches, configs, runs, seed, kept)
+        report.interrupted = stop is not None
         report.records = records(kept, m, benches, configs, runs, seed)
-    data = report.to_dict()
+    _show(report.to_dict(), benches, output, csv, output_format, wide)
+    if report.interrupted:
+        where = " and ".join(str(p) for p in (output, store) if p)
+        kept_in = f" in {where}" if where else ""
+        Console(stderr=True).print(f"[yellow]{stopped(stop)}: {len(report.records)} finished runs kept{kept_in}", soft_wrap=True)  # paths whole
+        raise typer.Exit(exit_code(stop))
+
+
+def _run_all(m, benches: list, configs: list, runs: int, seed: int, kept) -> KeyboardInterrupt | None:
+    """Every run not in the store yet, with a progress bar per bench; the interrupt that stopped them, if one did."""
+    from ..experiments.runner import run as run_benches
+
+    with progress_bars() as progress:
+        bars = {}
+
+        def bar(b, total):
+            bars[b.name] = progress.add_task(b.name, total=total)
+            return lambda n: progress.advance(bars[b.name], n)
+
+        def say(line):
+            progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+        try:
+            for result in run_benches(m, benches, configs, runs, seed, bar, kept, say):
+                if not progress.console.is_terminal:  # a log (a cluster job's): no bar redraws, a timed line per run
+                    primary = next(b.primary for b in benches if b.name == result.bench)
+                    score = result.metrics.get(primary, math.nan)
+                    say(f"{time.strftime('%H:%M:%S')} {result.bench} {result.config.label} run {result.run}: {primary} {score:.4g}")
+        except KeyboardInterrupt as e:
+            caught(e)  # the finished runs are written after this, outside the bars
+            return e
+    return None
+
+
+def _show(data: dict, benches: list, output: Path | None, csv: Path | None, output_format: str, wide: bool) -> None:
+    """The records and aggregates to --output and --csv, and a table per bench (or JSON) on stdout."""
     if output:  # the records are in the store (--store) too; if the file fails, its text is kept
         write_text(output, dumps(data))
     if csv:
@@ -112,8 +129,3 @@ def run_command(
         from ..analysis.tables import NOTHING_NOTE
 
         Console(stderr=True).print(NOTHING_NOTE, style="yellow", highlight=False)
-    if report.interrupted:
-        where = " and ".join(str(p) for p in (output, store) if p)
-        kept_in = f" in {where}" if where else ""
-        Console(stderr=True).print(f"[yellow]{stopped(stop)}: {len(report.records)} finished runs kept{kept_in}", soft_wrap=True)  # paths whole
-        raise typer.Exit(exit_code(stop))

@@ -18,60 +18,72 @@ from .render import console, count, interrupted, run_sweep, shell_words
 SLURM = "SLURM (clusters)"
 
 
+GridArg = Annotated[Path, typer.Argument(help="Grid file (TOML, see docs/grid-format.md); with --status or --resubmit also a run folder of --slurm.")]
+StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Results store (SQLite). Default: GRID.results.sqlite, or GRID.shardIofN.results.sqlite.")]
+ShardOpt = Annotated[
+    Optional[str], typer.Option("--shard", help="Run a deterministic 1/n of the cells: i/n, e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT.")
+]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="List the expanded cells, what is left to run, which other workers compute what, and a time estimate; run nothing. "
+        "With --slurm: the job script and each task's estimate.",
+    ),
+]
+MaxCellsOpt = Annotated[int, typer.Option("--max-cells", min=1, help="Refuse a grid that expands to more cells (a guard against a mistyped range).")]
+SlurmOpt = Annotated[
+    bool,
+    typer.Option(
+        "--slurm",
+        help="Submit the grid as a SLURM job array: a run folder GRID.slurm/ beside the grid holds the script, "
+        "one store per task (never one store shared across nodes) and the logs (docs/cluster.md).",
+        rich_help_panel=SLURM,
+    ),
+]
+TasksOpt = Annotated[
+    Optional[int],
+    typer.Option("--tasks", min=1, help="Array tasks: the grid's cell groups are split into this many shards. Default: 4.", rich_help_panel=SLURM),
+]
+TimeOpt = Annotated[
+    Optional[str], typer.Option("--time", help="Each task's time limit, as sbatch --time (4:00:00); see --dry-run's estimate.", rich_help_panel=SLURM)
+]
+PartitionOpt = Annotated[Optional[str], typer.Option("--partition", help="sbatch --partition.", rich_help_panel=SLURM)]
+GresOpt = Annotated[Optional[str], typer.Option("--gres", help="Generic resources per task, e.g. gpu:1 (sbatch --gres).", rich_help_panel=SLURM)]
+CpusOpt = Annotated[Optional[int], typer.Option("--cpus-per-task", min=1, help="sbatch --cpus-per-task.", rich_help_panel=SLURM)]
+RequeueOpt = Annotated[bool, typer.Option("--requeue", help="Let the scheduler requeue a preempted task; it resumes its store.", rich_help_panel=SLURM)]
+SbatchOpt = Annotated[
+    Optional[list[str]], typer.Option("--sbatch-arg", help="Another sbatch option, repeatable, e.g. --sbatch-arg=--account=ml.", rich_help_panel=SLURM)
+]
+RunFolderOpt = Annotated[Optional[Path], typer.Option("--run-folder", help="The run folder, instead of GRID.slurm/.", rich_help_panel=SLURM)]
+StatusOpt = Annotated[
+    bool, typer.Option("--status", help="Each task of a submitted run: its state in the scheduler, cells done and runs left.", rich_help_panel=SLURM)
+]
+ResubmitOpt = Annotated[
+    bool,
+    typer.Option("--resubmit", help="Submit again the tasks with runs left that are not queued or running; they resume their stores.", rich_help_panel=SLURM),
+]
+
+
 def sweep(
-    grid: Annotated[Path, typer.Argument(help="Grid file (TOML, see docs/grid-format.md); with --status or --resubmit also a run folder of --slurm.")],
-    store: Annotated[
-        Optional[Path], typer.Option("--store", help="Results store (SQLite). Default: GRID.results.sqlite, or GRID.shardIofN.results.sqlite.")
-    ] = None,
-    shard: Annotated[
-        Optional[str], typer.Option("--shard", help="Run a deterministic 1/n of the cells: i/n, e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT.")
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="List the expanded cells, what is left to run, which other workers compute what, and a time estimate; run nothing. "
-            "With --slurm: the job script and each task's estimate.",
-        ),
-    ] = False,
-    max_cells: Annotated[int, typer.Option("--max-cells", min=1, help="Refuse a grid that expands to more cells (a guard against a mistyped range).")] = 5000,
+    grid: GridArg,
+    store: StoreOpt = None,
+    shard: ShardOpt = None,
+    dry_run: DryRunOpt = False,
+    max_cells: MaxCellsOpt = 5000,
     parallel: ParallelOpt = None,
     verbose: VerboseOpt = False,
-    slurm: Annotated[
-        bool,
-        typer.Option(
-            "--slurm",
-            help="Submit the grid as a SLURM job array: a run folder GRID.slurm/ beside the grid holds the script, "
-            "one store per task (never one store shared across nodes) and the logs (docs/cluster.md).",
-            rich_help_panel=SLURM,
-        ),
-    ] = False,
-    tasks: Annotated[
-        Optional[int],
-        typer.Option("--tasks", min=1, help="Array tasks: the grid's cell groups are split into this many shards. Default: 4.", rich_help_panel=SLURM),
-    ] = None,
-    time_limit: Annotated[
-        Optional[str], typer.Option("--time", help="Each task's time limit, as sbatch --time (4:00:00); see --dry-run's estimate.", rich_help_panel=SLURM)
-    ] = None,
-    partition: Annotated[Optional[str], typer.Option("--partition", help="sbatch --partition.", rich_help_panel=SLURM)] = None,
-    gres: Annotated[Optional[str], typer.Option("--gres", help="Generic resources per task, e.g. gpu:1 (sbatch --gres).", rich_help_panel=SLURM)] = None,
-    cpus_per_task: Annotated[Optional[int], typer.Option("--cpus-per-task", min=1, help="sbatch --cpus-per-task.", rich_help_panel=SLURM)] = None,
-    requeue: Annotated[
-        bool, typer.Option("--requeue", help="Let the scheduler requeue a preempted task; it resumes its store.", rich_help_panel=SLURM)
-    ] = False,
-    sbatch_args: Annotated[
-        Optional[list[str]], typer.Option("--sbatch-arg", help="Another sbatch option, repeatable, e.g. --sbatch-arg=--account=ml.", rich_help_panel=SLURM)
-    ] = None,
-    run_folder: Annotated[Optional[Path], typer.Option("--run-folder", help="The run folder, instead of GRID.slurm/.", rich_help_panel=SLURM)] = None,
-    status: Annotated[
-        bool, typer.Option("--status", help="Each task of a submitted run: its state in the scheduler, cells done and runs left.", rich_help_panel=SLURM)
-    ] = False,
-    resubmit: Annotated[
-        bool,
-        typer.Option(
-            "--resubmit", help="Submit again the tasks with runs left that are not queued or running; they resume their stores.", rich_help_panel=SLURM
-        ),
-    ] = False,
+    slurm: SlurmOpt = False,
+    tasks: TasksOpt = None,
+    time_limit: TimeOpt = None,
+    partition: PartitionOpt = None,
+    gres: GresOpt = None,
+    cpus_per_task: CpusOpt = None,
+    requeue: RequeueOpt = False,
+    sbatch_args: SbatchOpt = None,
+    run_folder: RunFolderOpt = None,
+    status: StatusOpt = False,
+    resubmit: ResubmitOpt = False,
 ) -> None:
     """Run every cell of a grid into a results store. Safe to interrupt: finished runs are kept,
     and running the same command again does only what is missing. Several workers (one per GPU,
@@ -80,20 +92,9 @@ def sweep(
     sends again what a time limit or a failure left unfinished."""
     from ..experiments.slurm import SlurmOptions, default_folder
 
-    slurm_given = [
-        name
-        for name, given in (
-            ("--tasks", tasks),
-            ("--time", time_limit),
-            ("--partition", partition),
-            ("--gres", gres),
-            ("--cpus-per-task", cpus_per_task),
-            ("--requeue", requeue),
-            ("--sbatch-arg", sbatch_args),
-            ("--run-folder", run_folder),
-        )
-        if given
-    ]
+    given = (("--tasks", tasks), ("--time", time_limit), ("--partition", partition), ("--gres", gres), ("--cpus-per-task", cpus_per_task))
+    given += (("--requeue", requeue), ("--sbatch-arg", sbatch_args), ("--run-folder", run_folder))
+    slurm_given = [name for name, value in given if value]
     if status or resubmit:
         if ignored := [*(["--slurm"] if slurm else []), *(name for name in slurm_given if name != "--run-folder"), *(["--shard"] if shard else [])]:
             raise KvinjectError(f"--status and --resubmit take the run folder's own settings: leave out {', '.join(ignored)}")
@@ -113,9 +114,13 @@ def sweep(
         return
     if slurm_given:
         raise KvinjectError(f"{', '.join(slurm_given)} go{'es' if len(slurm_given) == 1 else ''} with --slurm (or --status, --resubmit)")
+    _run(grid, store, shard, dry_run, max_cells, parallel, verbose)
+
+
+def _run(grid: Path, store: Path | None, shard: str | None, dry_run: bool, max_cells: int, parallel: int | None, verbose: bool) -> None:
+    """The grid's cells run here into the store (or, with --dry-run, listed)."""
     from ..engine.llama_log import set_verbose
-    from ..experiments.campaign import campaign_margin
-    from ..experiments.grid import bench_labels, load_grid
+    from ..experiments.grid import load_grid
     from ..experiments.store import Store
     from ..experiments.sweep import Sweep, default_store, parse_shard
 
@@ -132,37 +137,9 @@ def sweep(
         opened = Store(store_path)
     with opened as s:
         sw = Sweep(g, s, parsed_shard)
-        planned = sw.plan()
-        left = [p for p in planned if p.runs]
+        planned = sw.plan()  # a cell the model cannot run fails here, before anything runs
         if dry_run:
-            claims = sw.claimed()
-            table = Table()
-            for col in ("model", "bench", "configuration", "seed", "runs left", "claimed by"):
-                table.add_column(col)
-            controls = {p.cell.group: p.cell.config for p in planned if p.cell.control}
-            for p, bench in zip(planned, bench_labels([p.cell for p in planned])):
-                claim = claims.get(p.cell.group) if p.runs else None
-                worker = f"{claim.worker.host}:{claim.worker.pid}{'' if claim.alive(sw.claim_timeout) else ' (expired)'}" if claim else ""
-                shown = p.cell.config.label_beside(controls.get(p.cell.group, p.cell.config))
-                label = Text(shown + (" (control)" if p.cell.control else ""))  # not markup: [v:all] is text
-                table.add_row(p.cell.model, bench, label, str(p.cell.seed), str(len(p.runs)), worker)
-            console.print(table)
-            minutes = sw.estimate_seconds(left) / 60
-            being = sum(len(p.runs) for p in left if (c := claims.get(p.cell.group)) and c.alive(sw.claim_timeout))
-            runs_left = sum(len(p.runs) for p in left)
-            print(
-                f"{grid}: {count(len(planned), 'cell')}{f' (shard {shard})' if shard else ''}, {count(runs_left, 'run')} left"
-                + (f", {being} of them being computed by workers now" if being else "")
-            )
-            campaigns = sorted({(n, p.cell.campaign[1] if p.cell.campaign else 0.95) for p in planned if (n := sw.injections(p.cell))})
-            for n, confidence in campaigns:
-                print(
-                    f"fault campaign: {n} injections (items x runs) in each configuration placing faults, a rate within "
-                    f"±{campaign_margin(n, confidence):.1%} at {confidence:.0%} (sweep.margin sets them)"
-                )
-            if runs_left:
-                print(f"estimate: about {max(minutes, 1):.0f} min on 2 CPU cores, timed on the default model (docs/performance.md)")
-            print(f"store: {store or default_store(grid, parsed_shard)}")
+            _dry_run(grid, sw, planned, shard, store_path)
             return
         resume = shell_words("kvinject", "sweep", grid, *(["--shard", shard] if shard else []), *(["--store", store] if store else []))
         try:
@@ -175,6 +152,42 @@ def sweep(
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _dry_run(grid: Path, sw, planned: list, shard: str | None, store_path: Path) -> None:
+    """--dry-run: every cell with its runs left and the worker computing it, and a time estimate."""
+    from ..experiments.campaign import campaign_margin
+    from ..experiments.grid import bench_labels
+
+    left = [p for p in planned if p.runs]
+    claims = sw.claimed()
+    table = Table()
+    for col in ("model", "bench", "configuration", "seed", "runs left", "claimed by"):
+        table.add_column(col)
+    controls = {p.cell.group: p.cell.config for p in planned if p.cell.control}
+    for p, bench in zip(planned, bench_labels([p.cell for p in planned])):
+        claim = claims.get(p.cell.group) if p.runs else None
+        worker = f"{claim.worker.host}:{claim.worker.pid}{'' if claim.alive(sw.claim_timeout) else ' (expired)'}" if claim else ""
+        shown = p.cell.config.label_beside(controls.get(p.cell.group, p.cell.config))
+        label = Text(shown + (" (control)" if p.cell.control else ""))  # not markup: [v:all] is text
+        table.add_row(p.cell.model, bench, label, str(p.cell.seed), str(len(p.runs)), worker)
+    console.print(table)
+    minutes = sw.estimate_seconds(left) / 60
+    being = sum(len(p.runs) for p in left if (c := claims.get(p.cell.group)) and c.alive(sw.claim_timeout))
+    runs_left = sum(len(p.runs) for p in left)
+    print(
+        f"{grid}: {count(len(planned), 'cell')}{f' (shard {shard})' if shard else ''}, {count(runs_left, 'run')} left"
+        + (f", {being} of them being computed by workers now" if being else "")
+    )
+    campaigns = sorted({(n, p.cell.campaign[1] if p.cell.campaign else 0.95) for p in planned if (n := sw.injections(p.cell))})
+    for n, confidence in campaigns:
+        print(
+            f"fault campaign: {n} injections (items x runs) in each configuration placing faults, a rate within "
+            f"±{campaign_margin(n, confidence):.1%} at {confidence:.0%} (sweep.margin sets them)"
+        )
+    if runs_left:
+        print(f"estimate: about {max(minutes, 1):.0f} min on 2 CPU cores, timed on the default model (docs/performance.md)")
+    print(f"store: {store_path}")
 
 
 def _submit(grid: Path, folder: Path, options, dry_run: bool) -> None:

@@ -221,78 +221,17 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
     benches = raw.get("bench")
     if not isinstance(benches, dict) or not benches:
         raise GridError(f"{path}: declare at least one benchmark, e.g. [bench.nexttoken]")
-    option_sets: list[tuple[str, dict[str, Any]]] = []  # [[bench.NAME]] tables: several option sets of one bench
-    for name, tables in benches.items():
-        if name not in BENCHMARKS:
-            raise GridError(f"{path}: [bench.{name}] is not a benchmark (choose from {', '.join(BENCHMARKS)})")
-        if not isinstance(tables, list):
-            tables = [tables]
-        if not tables or not all(isinstance(options, dict) for options in tables):
-            raise GridError(f"{path}: bench.{name} must be a table of options, [bench.{name}], or several, [[bench.{name}]]")
-        parsed: dict[Any, int] = {}  # a table twice (as read: limit = 1 and 1.0 alike) would repeat its cells
-        for i, options in enumerate(tables):
-            where = f"[bench.{name}]" if len(tables) == 1 else f"[[bench.{name}]] #{i + 1}"
-            try:
-                same = parsed.setdefault(BENCHMARKS[name].Options.parse(options), i + 1)
-            except SpecError as e:
-                raise GridError(f"{path}: {where} {e}") from None
-            if same != i + 1:
-                raise GridError(f"{path}: {where} is the same as #{same}: give each table once")
-            option_sets.append((name, options))
+    option_sets = _option_sets(path, benches)
     runs = sweep.get("runs", 5)
     if not _integer(runs) or runs < 1:
         raise GridError(f"{path}: sweep.runs must be a positive integer, got {runs!r}")
-    campaign = None
-    if "margin" in sweep:
-        campaign = (sweep["margin"], sweep.get("confidence", 0.95))
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in campaign):
-            raise GridError(f"{path}: sweep.margin and sweep.confidence must be numbers (0.03 for ±3%, 0.95), got {campaign!r}")
-        try:
-            campaign_size(*campaign)
-        except KvinjectError as e:
-            raise GridError(f"{path}: [sweep] {e}") from None
-    elif "confidence" in sweep:
-        raise GridError(f"{path}: sweep.confidence goes with sweep.margin (the runs of configurations that place faults)")
+    campaign = _campaign(path, sweep)
     seeds = _values("sweep.seeds", sweep.get("seeds", 0))
     if not all(_integer(s) and s >= 0 for s in seeds):
         raise GridError(f"{path}: sweep.seeds must be integers >= 0, got {seeds!r}")
-    for key in ("threads", "n_gpu_layers", "parallel"):
-        if key in sweep and not _integer(sweep[key]):
-            raise GridError(f"{path}: sweep.{key} must be an integer, got {sweep[key]!r}")
-    try:
-        BackendOptions(sweep.get("n_gpu_layers"), sweep.get("threads"), sweep.get("parallel"))
-    except SpecError as e:
-        raise GridError(f"{path}: {e.keyed(SWEEP_KEYS, '[sweep]')}") from None
-    flash = sweep.get("flash_attn", "auto")
-    if not isinstance(flash, str) or flash not in FLASH_ATTN:  # CacheOptions would say --flash-attn, at the first cache
-        raise GridError(f"{path}: sweep.flash_attn must be auto, on or off, got {flash!r}")
-    rotation = sweep.get("kv_rotation", True)
-    if not isinstance(rotation, bool):
-        raise GridError(f"{path}: sweep.kv_rotation must be true or false, got {rotation!r}")
-    caches = []
-    for i, spec in enumerate(_values("sweep.caches", sweep.get("caches", "f16"))):
-        type_k, _, type_v = str(spec).partition("/")
-        try:
-            caches.append(CacheOptions(type_k, type_v or type_k, flash, rotation))
-        except SpecError as e:
-            raise GridError(f"{path}: sweep.caches[{i}]: {e}") from None
-    targets = []
-    for c, layers, positions, heads in itertools.product(
-        _values("sweep.targets", sweep.get("targets", "kv")),
-        _values("sweep.layers", sweep.get("layers", "all")),
-        _values("sweep.positions", sweep.get("positions", "all")),
-        _values("sweep.heads", sweep.get("heads", "all")),
-    ):
-        try:
-            targets.append(Target.parse(str(c), str(layers), str(positions), str(heads)))
-        except SpecError as e:
-            raise GridError(f"{path}: {e.keyed(SWEEP_KEYS, '[sweep]')}") from None
-    errors = raw.get("errors", [])
-    if not isinstance(errors, list):
-        raise GridError(f"{path}: errors must be an array of tables ([[errors]])")
-    if not all(isinstance(e, dict) for e in errors):
-        raise GridError(f"{path}: each entry of errors must be a table ([[errors]] with model = ... or spec = ...)")
-    specs = unique("errors", [s for i, e in enumerate(errors) for s in _error_specs(f"errors[{i}]", e)])
+    caches = _caches(path, sweep)
+    targets = _targets(path, sweep)
+    specs = _specs(path, raw.get("errors", []))
     models = unique("sweep.models", [str(m) for m in _values("sweep.models", sweep.get("models", "smollm2"))], key=_model_file)
     control_spec = str(sweep.get("control", "none"))
     per_cache = sweep.get("control_per_cache", False)
@@ -347,3 +286,92 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
                 raise GridError(f"{path}: cells[{i}]: {e}") from None
             add(model, bench, options, configure(f"cells[{i}]", str(extra["error"]), target, caches[0]), seed)
     return grid
+
+
+def _specs(path: Path, errors: Any) -> list[str]:
+    """The error specs of the [[errors]] tables, each once."""
+    if not isinstance(errors, list):
+        raise GridError(f"{path}: errors must be an array of tables ([[errors]])")
+    if not all(isinstance(e, dict) for e in errors):
+        raise GridError(f"{path}: each entry of errors must be a table ([[errors]] with model = ... or spec = ...)")
+    return unique("errors", [s for i, e in enumerate(errors) for s in _error_specs(f"errors[{i}]", e)])
+
+
+def _option_sets(path: Path, benches: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each bench's option sets, checked: [bench.NAME] gives one, [[bench.NAME]] tables several."""
+    option_sets = []
+    for name, tables in benches.items():
+        if name not in BENCHMARKS:
+            raise GridError(f"{path}: [bench.{name}] is not a benchmark (choose from {', '.join(BENCHMARKS)})")
+        if not isinstance(tables, list):
+            tables = [tables]
+        if not tables or not all(isinstance(options, dict) for options in tables):
+            raise GridError(f"{path}: bench.{name} must be a table of options, [bench.{name}], or several, [[bench.{name}]]")
+        parsed: dict[Any, int] = {}  # a table twice (as read) would repeat its cells
+        for i, options in enumerate(tables):
+            where = f"[bench.{name}]" if len(tables) == 1 else f"[[bench.{name}]] #{i + 1}"
+            try:
+                same = parsed.setdefault(BENCHMARKS[name].Options.parse(options), i + 1)
+            except SpecError as e:
+                raise GridError(f"{path}: {where} {e}") from None
+            if same != i + 1:
+                raise GridError(f"{path}: {where} is the same as #{same}: give each table once")
+            option_sets.append((name, options))
+    return option_sets
+
+
+def _campaign(path: Path, sweep: dict[str, Any]) -> tuple[float, float] | None:
+    """sweep.margin and sweep.confidence, checked: the size of fault campaigns, or None."""
+    if "margin" not in sweep:
+        if "confidence" in sweep:
+            raise GridError(f"{path}: sweep.confidence goes with sweep.margin (the runs of configurations that place faults)")
+        return None
+    campaign = (sweep["margin"], sweep.get("confidence", 0.95))
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in campaign):
+        raise GridError(f"{path}: sweep.margin and sweep.confidence must be numbers (0.03 for ±3%, 0.95), got {campaign!r}")
+    try:
+        campaign_size(*campaign)
+    except KvinjectError as e:
+        raise GridError(f"{path}: [sweep] {e}") from None
+    return campaign
+
+
+def _caches(path: Path, sweep: dict[str, Any]) -> list[CacheOptions]:
+    """The backend settings checked, then every cache of sweep.caches with the grid's flash attention and rotation."""
+    for key in ("threads", "n_gpu_layers", "parallel"):
+        if key in sweep and not _integer(sweep[key]):
+            raise GridError(f"{path}: sweep.{key} must be an integer, got {sweep[key]!r}")
+    try:
+        BackendOptions(sweep.get("n_gpu_layers"), sweep.get("threads"), sweep.get("parallel"))
+    except SpecError as e:
+        raise GridError(f"{path}: {e.keyed(SWEEP_KEYS, '[sweep]')}") from None
+    flash = sweep.get("flash_attn", "auto")
+    if not isinstance(flash, str) or flash not in FLASH_ATTN:  # CacheOptions would say --flash-attn, at the first cache
+        raise GridError(f"{path}: sweep.flash_attn must be auto, on or off, got {flash!r}")
+    rotation = sweep.get("kv_rotation", True)
+    if not isinstance(rotation, bool):
+        raise GridError(f"{path}: sweep.kv_rotation must be true or false, got {rotation!r}")
+    caches = []
+    for i, spec in enumerate(_values("sweep.caches", sweep.get("caches", "f16"))):
+        type_k, _, type_v = str(spec).partition("/")
+        try:
+            caches.append(CacheOptions(type_k, type_v or type_k, flash, rotation))
+        except SpecError as e:
+            raise GridError(f"{path}: sweep.caches[{i}]: {e}") from None
+    return caches
+
+
+def _targets(path: Path, sweep: dict[str, Any]) -> list[Target]:
+    """Every combination of sweep.targets, layers, positions and heads."""
+    targets = []
+    for c, layers, positions, heads in itertools.product(
+        _values("sweep.targets", sweep.get("targets", "kv")),
+        _values("sweep.layers", sweep.get("layers", "all")),
+        _values("sweep.positions", sweep.get("positions", "all")),
+        _values("sweep.heads", sweep.get("heads", "all")),
+    ):
+        try:
+            targets.append(Target.parse(str(c), str(layers), str(positions), str(heads)))
+        except SpecError as e:
+            raise GridError(f"{path}: {e.keyed(SWEEP_KEYS, '[sweep]')}") from None
+    return targets

@@ -127,6 +127,25 @@ def _changed(kind, law, v, key, index, scale, flip):
     return v * factor(kind, np.float32(law[1]), np.float32(law[2]), hash_at(key, index)), v
 
 
+@cuda.jit(device=True)
+def _span_scale(kind, law, x, first, span):
+    """The scale a span shares, read before any of its values is written: an MX block's, or a
+    quantization group's absolute maximum over its largest code; 1 for other laws."""
+    scale = 1.0
+    if kind == laws.ROUND and law[4] > 0:  # an MX block's shared scale
+        scale = shared_scale(x[first : first + span], law[1])
+    elif kind == laws.QUANT:
+        amax = np.float32(0)
+        for j in range(first, first + span):
+            m = abs(x[j])
+            if m > amax or m != m:
+                amax = m
+        scale = np.float64(amax / np.float32(law[1]))
+        if scale == 0:
+            scale = 1.0
+    return scale
+
+
 @cuda.jit
 def change(x, span, row, at, law, seg_first, seg_key, seg_start, seg_rows, flips, mask, columns, acc):
     """Change ``x`` (rows of ``row`` float32 values) in place, span by span, and add what changed
@@ -147,18 +166,7 @@ def change(x, span, row, at, law, seg_first, seg_key, seg_start, seg_rows, flips
         while k + 1 < seg_first.size and r >= seg_first[k + 1]:
             k += 1
         base = seg_start[k] + at * seg_rows[k] + (r - seg_first[k]) * row
-        scale = 1.0
-        if kind == laws.ROUND and law[4] > 0:  # an MX block's shared scale
-            scale = shared_scale(x[first : first + span], law[1])
-        elif kind == laws.QUANT:
-            amax = np.float32(0)
-            for j in range(first, first + span):
-                m = abs(x[j])
-                if m > amax or m != m:
-                    amax = m
-            scale = np.float64(amax / np.float32(law[1]))
-            if scale == 0:
-                scale = 1.0
+        scale = _span_scale(kind, law, x, first, span)
         row_out = mask.size > 0 and mask[r] == 0
         for j in range(first, first + span):
             c = j - r * row

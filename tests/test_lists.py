@@ -20,6 +20,7 @@ from tests.cli_tree import WorkStarted, annotation, commands, empty_store, flag,
 COMMA = {"--layers", "--heads", "--positions", "--faults"}  # comma-separated options whose value is text
 SAMPLES = {
     "--error": "normal:0,0.5",
+    "--choice": "quant:4",
     "--bench": "nexttoken",
     "--data": "x.txt",
     "--prompt": "Hi",
@@ -64,6 +65,7 @@ def base(command: str, option: str, tmp_path: Path, model: Path) -> list[object]
         "run": [("--bench", bench), ("--model", model)],
         "divergence": [("--error", "normal:0,0.5"), *([("--bench", bench)] if owner else [("--prompt", "Hi")]), ("--model", model)],
         "profile": [("--error", "normal:0,0.5"), ("--bench", bench), ("--model", model)],
+        "tune": [("--bits", "4"), ("--bench", bench), ("--model", model)],
         "report": [("", empty_store(tmp_path))],
         "replay": [("", empty_store(tmp_path)), ("--item", "0")],
         "sweep": [("", grid), ("--slurm", None), ("--dry-run", None)],
@@ -164,6 +166,19 @@ def test_a_grid_refuses_repeats_in_specs_parameters_and_bench_options():
         with pytest.raises(KvinjectError, match="twice"):
             build_grid(Path("g.toml"), {"bench": {bench: {name: [sample, sample]}}})
     assert set(BENCHMARKS) >= {bench for _, owners in option_owners().items() for _, bench, _ in owners}
+
+
+def test_a_grid_refuses_identical_bench_tables_and_one_model_by_two_paths(tmp_path):
+    """Identical [[bench.X]] tables, and two paths to one model file, each repeated every cell."""
+    tables = {"bench": {"nexttoken": [{"limit": 1}, {"limit": 2}, {"limit": 1}]}}
+    with pytest.raises(KvinjectError, match=r"\[\[bench.nexttoken\]\] #3 is the same as #1: give each table once"):
+        build_grid(Path("g.toml"), tables)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    (tmp_path / "sub").mkdir()
+    paths = [str(model), str(tmp_path / "sub" / ".." / "m.gguf")]
+    with pytest.raises(KvinjectError, match="sweep.models gives .* twice"):
+        build_grid(Path("g.toml"), {"bench": {"nexttoken": {"limit": 1}}, "sweep": {"models": paths}})
 
 
 def test_lm_eval_lists_are_checked():

@@ -30,6 +30,7 @@ def base(command: str, output: str, tmp_path: Path, model: Path) -> list[object]
     args = {
         "run": ["run", "--bench", "nexttoken", "--model", model],
         "profile": ["profile", "--error", "normal:0,0.5", "--bench", "nexttoken", "--model", model],
+        "tune": ["tune", "--bits", "4", "--model", model],
         "divergence": ["divergence", "--error", "normal:0,0.5", "--prompt", "Hi", "--model", model],
         "report": ["report", empty_store(tmp_path)],
         "score": ["score", "ifeval", "--data", "x", "--responses", tmp_path / "r.jsonl"],
@@ -196,3 +197,24 @@ def test_a_run_whose_output_fails_keeps_its_results(tmp_path, tiny_path, monkeyp
     assert {r["label"] for r in json.loads(kept.read_text())["records"]} == {"none"}
     kept.unlink()
     assert not output.exists()
+
+
+@pytest.mark.parametrize("command,output", [(c, o) for c, o in outputs() if o in ("--plot", "--heatmap", "--frontier", "--outcomes")])
+def test_a_figure_is_refused_before_any_work_where_its_suffix_names_no_format(command, output, tmp_path, tiny_path, no_work):
+    """`report --outcomes kept.txt` drew the figure, then ended in matplotlib's ValueError."""
+    try:
+        code, said = invoke([*base(command, output, tmp_path, tiny_path), output, tmp_path / "figure.txt"])
+    except WorkStarted:
+        pytest.fail(f"kvinject {command} {output} figure.txt started its work before checking {output}")
+    assert code == 2 and "a figure is written as png" in said, said
+
+
+def test_a_file_output_never_replaces_a_results_store(tmp_path):
+    """`run --csv S.results.sqlite` wrote its CSV over the store's results."""
+    import sqlite3
+
+    store = tmp_path / "s.results.sqlite"
+    sqlite3.connect(store).execute("CREATE TABLE t (x)").connection.close()
+    with pytest.raises(KvinjectError, match="it is a results store"):
+        check_writable({"--csv": store})
+    check_writable(stores={"--store": store})

@@ -214,6 +214,12 @@ def test_slurm_flags_misused_say_what_to_change(tiny_path, tmp_path, args, messa
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def test_a_folder_given_as_the_grid_of_a_slurm_run_is_refused_in_one_line(tmp_path):
+    """`sweep . --slurm --dry-run` ended in a ValueError traceback ('.' has an empty name)."""
+    out = kvinject("sweep", ".", "--slurm", "--dry-run", env=os.environ, cwd=tmp_path)
+    assert out.returncode == 2 and "it is a folder; give the grid's file" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_without_slurms_commands_submitting_says_where_it_works(tiny_path, tmp_path):
     grid = write_grid(tmp_path, tiny_path, runs=2, limit=3)
     out = kvinject("sweep", grid, "--slurm", env=os.environ | {"PATH": str(Path(sys.executable).parent)}, cwd=tmp_path)

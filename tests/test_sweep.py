@@ -95,7 +95,7 @@ def test_ranges_expand_and_the_cells_are_the_cross_product(tmp_path):
         (("runs = 2", "runs = 2 2"), "not valid TOML"),
         (("runs = 2", "runs = true"), "sweep.runs must be a positive integer, got True"),
         (("runs = 2", "runs = 2\nseeds = [0, -1]"), "sweep.seeds must be integers >= 0"),
-        (("runs = 2", "runs = 2\nthreads = 0"), r"\[sweep\]: threads must be >= 1"),
+        (("runs = 2", "runs = 2\nthreads = 0"), r"\[sweep\]: threads must be between 1 and 512"),
         (("runs = 2", "runs = 2\nparallel = 'x'"), "sweep.parallel must be an integer"),
         (("runs = 2", "runs = 2\nparallel = 0"), r"\[sweep\]: parallel must be between 1 and 256"),
         (("runs = 2", "runs = 2\nflash_attn = 'maybe'"), "sweep.flash_attn must be auto, on or off, got 'maybe'"),  # was caches[0]'s --flash-attn

@@ -9,6 +9,7 @@ from kvinject.benchmarks.options import Options
 from kvinject.error_models import parse_error
 from kvinject.exceptions import SpecError
 from kvinject.lmeval.settings import Settings
+from tests.cli_tree import empty_store, invoke
 
 
 def read_int(text: str) -> list[int]:
@@ -44,3 +45,27 @@ def test_a_switch_reads_the_words_a_user_types():
     assert [Settings.parse({"kv_rotation": word}).kv_rotation for word in ("off", "no", "false", "on", "True", True)] == [False] * 3 + [True] * 3
     with pytest.raises(SpecError, match="kv_rotation must be true or false, got 'maybe'"):
         Settings.parse({"kv_rotation": "maybe"})
+
+
+@pytest.mark.parametrize("args", [["--runs", "1_000"], ["--seed", "0x10"], ["--threads", "99999999999999999999"]])
+def test_integer_options_are_read_as_every_number_is(args, no_work):
+    """`run --runs 1_000` ran a thousand runs where a spec field refuses 1_000; a thread count past
+    ggml's limit ended in llama.cpp's std::bad_alloc."""
+
+    code, said = invoke(["run", "--bench", "nexttoken", *args])
+    assert code == 2 and ("must be an integer" in said or "between 1 and 512" in said), said
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1_0"])
+def test_real_options_are_read_as_every_number_is(value, tmp_path, no_work):
+
+    code, said = invoke(["report", empty_store(tmp_path), "--faults", "bit", "--ctx", "64", "--fit-per-mbit", value])
+    assert code == 2 and "must be a number" in said, said
+
+
+@pytest.mark.parametrize("command", [["info"], ["generate", "Hi"]])
+@pytest.mark.parametrize("value", ["0", "-1", "2147483647"])
+def test_a_context_size_is_checked_before_any_work(command, value, no_work):
+    """`info --ctx 0` ended in a ValueError traceback; 2^31-1 made llama.cpp allocate until killed."""
+    code, said = invoke([*command, f"--ctx={value}"])
+    assert code == 2 and "--ctx must be between 1 and 1048576 tokens" in said, said

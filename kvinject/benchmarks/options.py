@@ -101,11 +101,17 @@ def _number(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)  # 100000000, not 1e+08
 
 
+# A count or size past this reaches llama.cpp's int32 fields or Python's islice as an overflow, not a message.
+MAX_INT = 2**31 - 1
+
+
 def _check(name: str, f: Field, value: Any) -> None:
     minimum, maximum, choices = f.metadata.get("minimum"), f.metadata.get("maximum"), f.metadata.get("choices")
+    if maximum is None and isinstance(value, int) and not isinstance(value, bool):
+        maximum = MAX_INT
     if minimum is not None and value < minimum:
-        raise SpecError(f"{name} must be at least {minimum:g}, got {_number(value)}")
+        raise SpecError(f"{name} must be at least {_number(minimum)}, got {_number(value)}")
     if maximum is not None and value > maximum:
-        raise SpecError(f"{name} must be at most {maximum:g}, got {_number(value)}")
+        raise SpecError(f"{name} must be at most {_number(maximum)}, got {_number(value)}")
     if choices is not None and value not in choices:
         raise SpecError(f"{name} must be one of {', '.join(choices)}, got {value!r}")

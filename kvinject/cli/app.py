@@ -13,6 +13,7 @@ from rich.text import Text
 from .. import __version__, interrupts
 from ..exceptions import KvinjectError
 from . import benchmarks, divergence, errors, generate, harness, info, profile, replay, report, run, score, sweep, tune
+from .numbers import strict
 from .render import stoppable
 
 app = typer.Typer(
@@ -37,9 +38,12 @@ def _print_version(given: bool) -> None:
 
 @app.callback()
 def _options(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", help="Print kvinject's version and exit.", callback=_print_version, is_eager=True)] = False,
 ) -> None:
-    """--version; the app's help is Typer(help=...) above."""
+    """--version; the app's help is Typer(help=...) above. Runs before the command's options are
+    read: its integer and real options are then read as every number is (numbers.py)."""
+    strict(ctx.command)
 
 
 def version() -> None:

@@ -72,7 +72,7 @@ def divergence_command(
     benches = None if prompt else make_benches([bench or "gsm8k"], values, [data] if data else [])
     if benches:
         check_bench(benches[0])
-    check_writable({"--heatmap": heatmap, "--output": output}, inputs=[data], stdout=["--output"])
+    check_writable({"--output": output}, figures={"--heatmap": heatmap}, inputs=[data], stdout=["--output"])
     with setup.load() as m:
         prompts = text_prompts(m, prompt, int(values.get("max_tokens", 64))) if prompt else bench_prompts(m, benches[0])
         with progress_bars() as progress:

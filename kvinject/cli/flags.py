@@ -14,6 +14,8 @@ from ..engine.options import BackendOptions, CacheOptions
 from ..exceptions import KvinjectError
 from .render import console
 
+MAX_CTX = 2**20  # the longest contexts models have (1M tokens); 2^31 made llama.cpp allocate until killed
+
 # Options shared by every command that loads a model.
 ModelOpt = Annotated[
     Optional[str], typer.Option("--model", "-m", help="GGUF file, hf:OWNER/REPO/FILE.gguf, or a bundled model (smollm2, gemma3-270m). Default: smollm2.")
@@ -22,7 +24,7 @@ GpuOpt = Annotated[Optional[int], typer.Option("--n-gpu-layers", help="Layers to
 FlashOpt = Annotated[str, typer.Option("--flash-attn", help="Flash attention: auto, on or off.")]
 CacheKOpt = Annotated[str, typer.Option("--cache-type-k", help="K cache type: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.")]
 CacheVOpt = Annotated[str, typer.Option("--cache-type-v", help="V cache type (quantized V needs flash attention).")]
-CtxOpt = Annotated[int, typer.Option("--ctx", help="Context size in tokens.")]
+CtxOpt = Annotated[int, typer.Option("--ctx", help="Context size in tokens.", callback=lambda value: check_ctx(value) or value)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads. Default: physical cores.")]
 ParallelOpt = Annotated[
     Optional[int],
@@ -171,6 +173,12 @@ def bench_flags(func=None, *, kind=None):
     command.__signature__ = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "bench_values"] + params)
     command.__doc__ = func.__doc__
     return command
+
+
+def check_ctx(value: int) -> None:
+    """A context llama.cpp can make: 0 and -1 had ended in a traceback where the batch was sized."""
+    if not 1 <= value <= MAX_CTX:
+        raise KvinjectError(f"--ctx must be between 1 and {MAX_CTX} tokens, got {value}")
 
 
 def check_format(value: str, formats: Sequence[str] = ("table", "json")) -> None:

@@ -60,7 +60,7 @@ def profile(
         raise KvinjectError(f"--error {error} puts no error anywhere: give an error model (see `kvinject errors`)")
     (b,) = make_benches([bench], bench_values or {}, [data] if data else [])
     metric = profile_metric(bench, metric)
-    check_writable({"--heatmap": heatmap, "--csv": csv}, stores={"--store": store}, inputs=[data], stdout=["--csv"])
+    check_writable({"--csv": csv}, figures={"--heatmap": heatmap}, stores={"--store": store}, inputs=[data], stdout=["--csv"])
     given = {k for k, v in (bench_values or {}).items() if v not in (None, [], ())} | ({"data"} if data else set())
     grid = profile_grid(setup.model, b, given, [err], cache, setup.backend, runs, seed, store, by_head)
     with Store(grid.path) as s:

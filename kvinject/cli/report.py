@@ -111,7 +111,7 @@ def report(
     stores = unique("report's stores", stores, key=lambda p: p.resolve())
     filters, by = unique("--filter", filters or []), unique("--faults", split_list("--faults", faults)) if faults else []
     figures = {"--plot": plot, "--heatmap": heatmap, "--frontier": frontier, "--outcomes": outcomes, "--html": page}
-    check_writable(figures, inputs=stores)
+    check_writable({"--html": page}, figures={k: v for k, v in figures.items() if k != "--html"}, inputs=stores)
     check_fit(fit_per_mbit, ctx, faults)
     records = select(load_records(stores), filters)
     if board:

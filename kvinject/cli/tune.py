@@ -73,7 +73,7 @@ def tune(
     check_format(output_format, ("table", "markdown"))
     if (bits is None) == (max_metric is None):
         raise KvinjectError("give one budget: --bits B (the best metric within B bits per element) or --max-metric X (the fewest bits within X)")
-    check_writable({"--csv": csv, "--plot": plot}, stores={"--store": store}, inputs=[data, holdout_data], stdout=["--csv"])
+    check_writable({"--csv": csv}, figures={"--plot": plot}, stores={"--store": store}, inputs=[data, holdout_data], stdout=["--csv"])
     tuning = plan_tuning(
         setup.model,
         setup.cache,

@@ -10,6 +10,7 @@ import psutil
 from ..exceptions import SpecError
 from .ggml import CACHE_TYPES
 
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS; more ended in libgomp's "Thread creation failed"
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 
 
@@ -31,8 +32,8 @@ class BackendOptions:
     parallel: int | None = None  # sequences per decode; None: chosen per bench and device (Model.parallel)
 
     def __post_init__(self) -> None:
-        if self.threads is not None and self.threads < 1:
-            raise SpecError(f"--threads must be >= 1, got {self.threads}")
+        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
+            raise SpecError(f"--threads must be between 1 and {MAX_THREADS}, got {self.threads}")
         if self.n_gpu_layers is not None and self.n_gpu_layers < -1:
             raise SpecError(f"--n-gpu-layers must be >= -1 (-1: all), got {self.n_gpu_layers}")
         if self.parallel is not None and not 1 <= self.parallel <= 256:

@@ -60,7 +60,8 @@ def generate(
     tokens = model.tokenize(text, add_special=True, parse_special=chat)
     if len(tokens) + max_tokens > n_ctx:
         raise DataError(f"the prompt ({len(tokens)} tokens) and {max_tokens} generated tokens do not fit --ctx {n_ctx}: raise --ctx or lower --max-tokens")
-    for config in configs:
+    for config in configs:  # every configuration, before the first one decodes
+        config.check(model.shape)
         if config.target.positions is not None:
             config.target.positions.check("generate", GENERATION_SPANS)
     if temperature > 0 and any(c.cache_free for c in configs):

@@ -146,6 +146,12 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)  # TOML's true is no count
 
 
+def _model_file(spec: str) -> str:
+    """The file a local model names, so that two paths to one file are one model; else the spec."""
+    path = Path(spec).expanduser()
+    return str(path.resolve()) if path.is_file() else spec
+
+
 def _fmt(value: Any) -> str:
     return repr(float(value)).removesuffix(".0") if isinstance(value, float) else str(value)
 
@@ -226,7 +232,7 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
     caches = _caches(path, sweep)
     targets = _targets(path, sweep)
     specs = _specs(path, raw.get("errors", []))
-    models = [str(m) for m in _values("sweep.models", sweep.get("models", "smollm2"))]
+    models = unique("sweep.models", [str(m) for m in _values("sweep.models", sweep.get("models", "smollm2"))], key=_model_file)
     control_spec = str(sweep.get("control", "none"))
     per_cache = sweep.get("control_per_cache", False)
     if not isinstance(per_cache, bool):
@@ -301,12 +307,15 @@ def _option_sets(path: Path, benches: dict[str, Any]) -> list[tuple[str, dict[st
             tables = [tables]
         if not tables or not all(isinstance(options, dict) for options in tables):
             raise GridError(f"{path}: bench.{name} must be a table of options, [bench.{name}], or several, [[bench.{name}]]")
+        parsed: dict[Any, int] = {}  # a table twice (as read) would repeat its cells
         for i, options in enumerate(tables):
             where = f"[bench.{name}]" if len(tables) == 1 else f"[[bench.{name}]] #{i + 1}"
             try:
-                BENCHMARKS[name].Options.parse(options)
+                same = parsed.setdefault(BENCHMARKS[name].Options.parse(options), i + 1)
             except SpecError as e:
                 raise GridError(f"{path}: {where} {e}") from None
+            if same != i + 1:
+                raise GridError(f"{path}: {where} is the same as #{same}: give each table once")
             option_sets.append((name, options))
     return option_sets
 

@@ -64,6 +64,8 @@ class SlurmOptions:
 
 def default_folder(grid: Path) -> Path:
     """The run folder of a grid: beside it, named for it (examples/paper.toml: examples/paper.slurm)."""
+    if grid.is_dir() or not grid.name:  # `.` has no name to put .slurm on: a ValueError traceback
+        raise KvinjectError(f"cannot read {grid}: it is a folder; give the grid's file")
     return grid.with_suffix(".slurm")
 
 

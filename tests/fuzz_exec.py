@@ -1,0 +1,84 @@
+"""One `kvinject` command line run as the `kvinject` entry point runs it, in a forked child of
+the test process: the modules are loaded once, and a command that leaks, hangs or crashes the
+interpreter takes only its child with it. The child runs under a memory limit (RLIMIT_AS) and
+a time limit; its standard output and error go to files the parent reads."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+MEMORY_BYTES = 8 << 30  # address space: numba and llama.cpp reserve more than they touch
+CRASHED = 99  # the child's status for an exception that escaped main()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    code: int | None  # None: killed at the time limit
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def execute(args: list[str], folder: Path, seconds: float) -> Outcome:
+    """``kvinject ARGS`` in ``folder`` (its working directory), killed after ``seconds``."""
+    out, err = folder / ".stdout", folder / ".stderr"
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        _child(args, folder, out, err)
+    code = _wait(pid, seconds)
+    return Outcome(code, _read(out), _read(err), time.monotonic() - start)
+
+
+def _child(args: list[str], folder: Path, out: Path, err: Path) -> None:
+    code = CRASHED
+    try:
+        os.chdir(folder)
+        for fd, path in ((1, out), (2, err)):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False)
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        from kvinject.cli.app import main
+
+        sys.argv = ["kvinject", *args]
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _wait(pid: int, seconds: float) -> int | None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""

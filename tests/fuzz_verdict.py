@@ -1,0 +1,99 @@
+"""What a generated command must do: exit 0 with outputs that parse, or exit 1 or 2 with one
+error line on standard error and no traceback; and leave every file that was there before
+as it was, but for the outputs it wrote and the stores it added to."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+from tests.fuzz_exec import Outcome, execute
+
+STORES = (".sqlite",)
+
+
+def snapshot(folder: Path) -> dict[Path, str]:
+    """Each regular file under ``folder`` (not links, not the child's own capture) and its hash."""
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and not p.name.startswith(".std")}
+
+
+def run_one(args: list[str], template: Path, folder: Path, seconds: float) -> str | None:
+    """Run ``args`` in a fresh copy of ``template``; what went wrong, or None."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(template, folder, symlinks=True)
+    before = snapshot(folder)
+    outcome = execute(args, folder, seconds)
+    return verdict(args, outcome, folder, before)
+
+
+def verdict(args: list[str], outcome: Outcome, folder: Path, before: dict[Path, str]) -> str | None:
+    if outcome.code is None:
+        return f"still running after {outcome.seconds:.0f} s"
+    if "Traceback (most recent call last)" in outcome.stderr:
+        return "traceback: " + _last(outcome.stderr)
+    if outcome.code == 0:
+        problem = _outputs_parse(args, outcome, folder)
+    elif outcome.code in (1, 2):
+        problem = _one_line(outcome.stderr)
+    else:
+        problem = f"exit status {outcome.code}: {_last(outcome.stderr)}"
+    return problem or _kept(args, outcome, folder, before)
+
+
+def _last(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "(nothing on standard error)"
+
+
+def _one_line(stderr: str) -> str | None:
+    """kvinject's `error: ...` (a spec's valid form may follow), or click's usage error."""
+    errors = [line for line in stderr.splitlines() if line.startswith(("error:", "Error:"))]
+    if len(errors) != 1:
+        return f"{len(errors)} error lines: {_last(stderr)}"
+    return None
+
+
+def _outputs_parse(args: list[str], outcome: Outcome, folder: Path) -> str | None:
+    if "json" in args and "--format" in args and args[args.index("--format") + 1] == "json" and "lm-eval" not in args:
+        try:
+            json.loads(outcome.stdout)
+        except ValueError as e:
+            return f"--format json printed what is not JSON ({e})"
+    for path in folder.rglob("*"):
+        if not path.is_file() or path.is_symlink() or path.name.startswith(".std"):
+            continue
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_text())
+            elif path.suffix == ".csv":
+                list(csv.reader(path.read_text().splitlines()))
+            elif path.suffix in STORES and path.stat().st_size:
+                with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+                    db.execute("SELECT name FROM sqlite_master").fetchall()
+        except (ValueError, sqlite3.Error, UnicodeDecodeError) as e:
+            return f"{path.name} does not parse: {e}"
+    return None
+
+
+def _kept(args: list[str], outcome: Outcome, folder: Path, before: dict[Path, str]) -> str | None:
+    """Files that were there: unchanged, unless named as an output of a command that succeeded
+    (or a store, which a failed run may have added to)."""
+    named = {(folder / a).resolve() for a in args if not a.startswith("-")}
+    named |= {(folder / a.partition("=")[2]).resolve() for a in args if a.startswith("--") and "=" in a}
+    after = snapshot(folder)
+    for path, digest in before.items():
+        if after.get(path) == digest:
+            continue
+        written = path.resolve() in named and (outcome.code == 0 or path.suffix in STORES)
+        if path not in after:
+            return f"{path.name}, there before, is gone"
+        if not written:
+            return f"{path.name}, there before, was changed"
+        if path.stat().st_size == 0:
+            return f"{path.name} was left empty"
+    return None

@@ -1,10 +1,14 @@
-"""One `kvinject` command line run as the `kvinject` entry point runs it, in a forked child of
-the test process: the modules are loaded once, and a command that leaks, hangs or crashes the
-interpreter takes only its child with it. The child runs under a memory limit (RLIMIT_AS) and
-a time limit; its standard output and error go to files the parent reads."""
+"""One `kvinject` command line run as the `kvinject` entry point runs it, in a forked child of a
+fork server: the modules are loaded once, and a command that leaks, hangs or crashes the
+interpreter takes only its child with it. The server is a fresh interpreter, not the test
+process: a child forked from a process whose llama.cpp and OpenMP threads ran (any test before
+these in the suite) can wait forever on a lock one of those threads held. The child runs under a
+memory limit (RLIMIT_AS) and a time limit; its standard output and error go to files the
+parent reads."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import resource
 import signal
@@ -16,6 +20,8 @@ from pathlib import Path
 
 MEMORY_BYTES = 8 << 30  # address space: numba and llama.cpp reserve more than they touch
 CRASHED = 99  # the child's status for an exception that escaped main()
+_SERVER = multiprocessing.get_context("forkserver")
+_SERVER.set_forkserver_preload(["kvinject.cli.app"])
 
 
 @dataclass(frozen=True)
@@ -30,10 +36,13 @@ def execute(args: list[str], folder: Path, seconds: float) -> Outcome:
     """``kvinject ARGS`` in ``folder`` (its working directory), killed after ``seconds``."""
     out, err = folder / ".stdout", folder / ".stderr"
     start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        _child(args, folder, out, err)
-    code = _wait(pid, seconds)
+    child = _SERVER.Process(target=_child, args=(args, folder, out, err))
+    child.start()
+    child.join(seconds)
+    code = child.exitcode
+    if code is None:  # past the time limit
+        child.kill()
+        child.join()
     return Outcome(code, _read(out), _read(err), time.monotonic() - start)
 
 
@@ -63,18 +72,6 @@ def _child(args: list[str], folder: Path, out: Path, err: Path) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
-
-
-def _wait(pid: int, seconds: float) -> int | None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return None
 
 
 def _read(path: Path) -> str:

@@ -14,6 +14,7 @@ each decode's noise, applies the other error models, and checks and accounts aft
 decode. A cache-resident model (one that changes cells already in the cache, such as KIVI)
 claims nothing: the callback records where each decode wrote K and V
 (:mod:`kvinject.engine.graph.cache_writes`), and the context hands that to the model after the decode.
+A composite with parts of both kinds does both, each on its own parts' sites (``ErrorModel.split``).
 """
 
 from __future__ import annotations

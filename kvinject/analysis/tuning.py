@@ -61,10 +61,10 @@ def proof(tuning: Tuning, result: Result) -> Proof:
 
 def front_table(tuning: Tuning, result: Result) -> pd.DataFrame:
     """Every configuration run whole on the tuning text, by bits: which is chosen, uniform or on the front."""
-    front = {p.spec for p in result.front}
+    front, uniform = {p.spec for p in result.front}, set(tuning.uniform())
     rows = []
     for p in sorted(result.points, key=lambda p: (p.bits, p.value)):
-        mark = "chosen" if p.spec == result.chosen.spec else "uniform" if p.spec in tuning.uniform() else "front" if p.spec in front else ""
+        mark = "chosen" if p.spec == result.chosen.spec else "uniform" if p.spec in uniform else "front" if p.spec in front else ""
         rows.append((p.bits, p.value, mark, p.spec))
     return pd.DataFrame(rows, columns=["bits", tuning.metric, "", "configuration"])
 

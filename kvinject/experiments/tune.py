@@ -178,7 +178,8 @@ class Tuning:
         """The uniform choice the chosen allocation is proven against: the most bits no more than
         its budget's (or its own)."""
         budget = self.bits if self.bits is not None else chosen.bits
-        uniform = [p for p in points if p.spec in self.uniform() and p.bits <= budget + 1e-9 and p.spec != chosen.spec]
+        specs = set(self.uniform())
+        uniform = [p for p in points if p.spec in specs and p.bits <= budget + 1e-9 and p.spec != chosen.spec]
         return max(uniform, key=lambda p: p.bits) if uniform else None
 
 
@@ -279,7 +280,8 @@ def plan_tuning(
     from ..engine.model import Model, resolve_model
     from .profile import profile_metric
 
-    parsed = [_choice(spec, cache) for spec in unique("--choice", list(choices), key=lambda s: _choice(s, cache).spec)]
+    models = {spec: _choice(spec, cache) for spec in choices}
+    parsed = [models[spec] for spec in unique("--choice", list(choices), key=lambda s: models[s].spec)]
     if len([c for c in parsed if c.injects]) < 1 or len(parsed) < 2:
         raise KvinjectError("give at least two --choice, one of them an error model (quant:2, quant:4, ...; none keeps a layer's K or V exact)")
     (b,) = make_benches([bench], values, [data] if data else [])

@@ -41,8 +41,9 @@ def read_cells(ctx, seq: int = 0) -> tuple[np.ndarray, dict[tuple[str, int], np.
         return values if len(values) > 1 else values[0]
 
     assert take("I") == MAGIC and take("i") == seq
-    assert take("I") == 1, "one stream expected (kv_unified)"
-    cells = take("I")
+    streams = take("I")  # one, or with a stream per sequence all of them, each but the sequence's empty
+    while (cells := take("I")) == 0 and streams > 1:
+        streams -= 1
     positions = []
     for _ in range(cells):
         cell_pos, n_seq = take("iI")
@@ -65,7 +66,7 @@ def read_cells(ctx, seq: int = 0) -> tuple[np.ndarray, dict[tuple[str, int], np.
             if typ == 30:  # bf16: the high half of a float32
                 rows = (rows.astype(np.uint32) << 16).view(np.float32)
             out[component, layer] = (rows.T if component == "v" and v_trans else rows).astype(np.float32)
-    assert pos == len(data), "unexpected trailing state data"
+    assert data[pos:] == b"\0" * (len(data) - pos) and len(data) - pos == 4 * (streams - 1), "unexpected trailing state data"
     return np.array(positions), out
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from kvinject.analysis.report import summarize
 from kvinject.benchmarks.speed import Speed
+from kvinject.engine.model import CPU_PARALLEL
 from kvinject.experiments.grid import GridError, bench_labels, load_grid
 from kvinject.experiments.store import Store
 from kvinject.experiments.sweep import Sweep
@@ -378,6 +379,22 @@ def test_dry_run_estimate_counts_a_prompt_once_for_the_eviction_configurations_s
     assert seconds[1, ("evict:knorm,0.5", "evict:window,0.5")] == pytest.approx(one + generation)
     assert seconds[1, ("evict:knorm,0.5", "evict:tova,0.5")] == pytest.approx(2 * one), "tova reads attention: it decodes its own"
     assert generation < one / 2
+
+
+def test_dry_run_estimate_counts_a_prompt_once_for_faults_placed_after_it(tmp_path, tiny_path):
+    """Faults in generated tokens: the second configuration restores the prompts the first decoded."""
+    grid = "[sweep]\nmodels = ['{model}']\nruns = 1\n[bench.niah]\nlengths = [1024]\n[[errors]]\nspec = {specs}\n"
+    seconds = {}
+    for specs in (["faults:1,stage=generated"], ["faults:1,stage=generated", "faults:1,bit=3,stage=generated"], ["faults:1", "faults:1,bit=3"]):
+        path = tmp_path / f"g{len(seconds)}.toml"
+        path.write_text(grid.format(model=tiny_path, specs=specs).replace("'", '"'))
+        with Store(tmp_path / f"f{len(seconds)}.sqlite") as store:
+            sw = Sweep(load_grid(path), store)
+            seconds[tuple(specs)] = sw.estimate_seconds([p for p in sw.plan() if not p.cell.control])
+    one = seconds[("faults:1,stage=generated",)]
+    generation = Speed(CPU_PARALLEL, prompts=False).generation(1, 1024, 128) * 10
+    assert seconds[("faults:1,stage=generated", "faults:1,bit=3,stage=generated")] == pytest.approx(one + generation)
+    assert seconds[("faults:1", "faults:1,bit=3")] == pytest.approx(2 * one), "faults in the prompt decode it"
 
 
 def test_report_rows_from_different_grids_show_the_settings_they_differ_in(tmp_path, tiny_path):

@@ -66,6 +66,7 @@ class _Watch:
     key: tuple
     prefills: Prefills
     seen: list[Seen] = field(default_factory=list)
+    spared: Realized | None = None  # an item's spared prompt: what the hook counted of its values
 
 
 class Context:
@@ -126,7 +127,7 @@ class Context:
         self._spans: dict[int, Spans] = {}  # the spans --positions may name, per sequence
         self._lengths: dict[int, int] = {}  # tokens decoded per sequence, for bits per element
         self._finished: list[int] = []  # and of the sequences forgotten
-        self._watch: _Watch | None = None  # a prompt to snapshot once decoded far enough (kvinject/engine/cache/prefills.py)
+        self._watches: dict[int, _Watch] = {}  # per sequence, a prompt to snapshot once decoded far enough (kvinject/engine/cache/prefills.py)
         self._seed(0, [seed, run])
         self._ptr = self._llama_context(model, n_ctx, n_seq)
         self.n_vocab = model.n_vocab
@@ -244,49 +245,71 @@ class Context:
     def resume(self, seq: int, prompt: Sequence[int], prefills: Prefills | None) -> tuple[int, np.ndarray | None]:
         """For a prompt begun on ``seq`` (its spans marked), the part that every configuration
         sharing ``prefills`` decodes alike (kvinject/engine/cache/prefills.py): restored if a snapshot
-        of it is kept, with the model replaying what it saw, returning how many tokens that is
-        and, where that is the whole prompt, its last token's logits; otherwise a snapshot is
-        taken once the decodes get there (0, None). Only a cache-resident model that acts at the
-        prompt's end (``shares_prefill``), with one sequence in the context, shares."""
+        of it is kept, returning how many tokens that is and, where that is the whole prompt, its
+        last token's logits; otherwise a snapshot is taken once the decodes get there (0, None).
+        Two kinds share: a cache-resident model that acts at the prompt's end
+        (``shares_prefill``), with one sequence in the context, replaying what it saw; and an item
+        whose placed faults all fall after its prompt (``Placed.spares``), with one sequence or a
+        stream of cells per sequence, crediting the prompt's unchanged values to the statistics."""
+        if prefills is None:
+            return 0, None
+        if self.error.resident is not None:
+            return self._resume_resident(seq, prompt, prefills)
+        draws = self._noise.get(seq)
+        if not isinstance(draws, Placed) or not draws.spares(draws.prompt) or not (self.n_seq == 1 or self.streams):
+            return 0, None
+        # The graph's splits at the claimed sites are part of how the prompt was computed.
+        key = ("spared", self.cache, self.n_ctx_seq, self.n_batch, self.hook.sites, tuple(prompt))
+        return self._restore(seq, len(prompt), key, prefills)
+
+    def _resume_resident(self, seq: int, prompt: Sequence[int], prefills: Prefills) -> tuple[int, np.ndarray | None]:
         resident = self.error.resident
-        if prefills is None or resident is None or not resident.shares_prefill or self.n_seq != 1:
+        if not resident.shares_prefill or self.n_seq != 1:
             return 0, None
         name = resident.breaks_at
         end = self.resident.span_end(seq, name) if name else len(prompt)
         key = (self.cache, self.n_ctx_seq, self.n_batch, resident.attention, resident.queries, tuple(prompt[:end]))
         ll.llama_memory_clear(ll.llama_get_memory(self._ptr), False)  # the cells from 0 on, as a restore puts them
+        end, logits = self._restore(seq, end, key, prefills)
+        return end, logits if end == len(prompt) else None  # a context's end asks for logits only so that the model acts
+
+    def _restore(self, seq: int, end: int, key: tuple, prefills: Prefills) -> tuple[int, np.ndarray | None]:
+        """Restore the snapshot kept under ``key`` into ``seq`` (an empty sequence, so that its
+        cells start at 0 as a restore puts them), or watch for it; see :meth:`resume`."""
         snapshot = prefills.get(key)
         if snapshot is None:
-            self._watch = _Watch(seq, end, key, prefills)
+            self._watches[seq] = _Watch(seq, end, key, prefills, spared=Realized.empty() if self.resident is None else None)
             return 0, None
         if ll.llama_state_seq_set_data(self._ptr, snapshot.state, len(snapshot.state), seq) != len(snapshot.state):
             raise InjectionError(f"llama.cpp could not restore the snapshot of a prompt's first {end} tokens")
         for seen in snapshot.seen:
             self.resident.after_decode(list(seen.entries), seen.writes)
+        if snapshot.spared is not None:  # the prompt's values, as the decode that kept it counted them
+            self.hook.credit(self._noise[seq], end, snapshot.spared)
         self._lengths[seq] = end
-        return end, snapshot.logits if end == len(prompt) else None  # a context's end asks for logits only so that the model acts
+        return end, snapshot.logits
 
-    def _snapshot(self, entries: Sequence[tuple[int, int, int, bool]], writes: Writes) -> None:
-        """Note a decode of the watched prompt; at its end, keep the snapshot (before the model acts)."""
-        watch = self._watch
-        if entries[0][2] != watch.seq:
-            return
-        watch.seen.append(Seen(tuple(entries), writes))
+    def _snapshot(self, watch: _Watch, entries: Sequence[tuple[int, int, int, bool]], writes: Writes | None, before: Realized | None) -> None:
+        """Note a decode of a watched prompt; at its end, keep the snapshot (before the model acts)."""
+        if watch.spared is not None:
+            watch.spared.merge(self.hook.realized.less(before))
+        else:
+            watch.seen.append(Seen(tuple(entries), writes))
         if entries[-1][1] + 1 < watch.end:
             return
-        self._watch = None
-        cells = np.concatenate([s.writes.cells for s in watch.seen], axis=1)
-        if not (cells == np.arange(watch.end)).all():
-            return  # elsewhere than a restore would put them
+        del self._watches[watch.seq]
+        if watch.seen:
+            cells = np.concatenate([s.writes.cells for s in watch.seen], axis=1)
+            if not (cells == np.arange(watch.end)).all():
+                return  # elsewhere than a restore would put them
         state = (ctypes.c_uint8 * ll.llama_state_seq_get_size(self._ptr, watch.seq))()
         ll.llama_state_seq_get_data(self._ptr, state, len(state), watch.seq)
         logits = self.logits(len(entries) - 1).copy() if entries[-1][3] else None
-        watch.prefills.put(watch.key, Snapshot(watch.end, state, tuple(watch.seen), logits))
+        watch.prefills.put(watch.key, Snapshot(watch.end, state, tuple(watch.seen), logits, watch.spared))
 
     def forget(self, seq: int) -> None:
         """Remove one sequence's cells from the cache."""
-        if self._watch is not None and self._watch.seq == seq:
-            self._watch = None
+        self._watches.pop(seq, None)
         self._spans.pop(seq, None)
         self._finish(seq)
         ll.llama_memory_seq_rm(ll.llama_get_memory(self._ptr), seq, -1, -1)
@@ -345,6 +368,7 @@ class Context:
 
     def clear(self) -> None:
         self._spans.clear()
+        self._watches.clear()
         for seq in list(self._lengths):
             self._finish(seq)
         ll.llama_memory_clear(ll.llama_get_memory(self._ptr), True)
@@ -373,6 +397,8 @@ class Context:
             self.hook.layout(self._segments(entries), self._selected(entries))
         if self.residual is not None:
             self.residual.layout(np.array([e[3] for e in entries], bool))
+        watch = self._watches.get(entries[0][2]) if self._watches else None  # a prompt piece: one sequence's tokens
+        before = self.hook.realized if watch is not None and watch.spared is not None else None
         self._llama_decode(entries)
         lengths = self._lengths
         for _, pos, seq, _ in entries:
@@ -380,9 +406,9 @@ class Context:
                 lengths[seq] = pos + 1
         if self.hook is not None:
             writes = self.hook.finish_decode()
+            if watch is not None:
+                self._snapshot(watch, entries, writes, before)
             if self.resident is not None:  # after the decode, as KIVI quantizes after each step's attention
-                if self._watch is not None:
-                    self._snapshot(entries, writes)
                 self.resident.after_decode(entries, writes)
 
     def _segments(self, entries: Sequence[tuple[int, int, int, bool]]) -> list[tuple[Draws | None, int]]:

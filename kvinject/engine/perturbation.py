@@ -148,6 +148,12 @@ class ErrorModel(ABC):
         layers, so that a narrower selection (--positions, --heads) would lose some."""
         return False
 
+    @property
+    def spares_prompt(self) -> bool:
+        """Places its changes only after each item's prompt, so that configurations may share
+        the prompt's decode (kvinject/engine/cache/prefills.py; each item is checked as it starts)."""
+        return False
+
     def stored(self, cache: CacheOptions, components: str) -> ErrorModel:
         """The model as it acts on the values a cache of these types stores for ``components``
         ("k", "v" or "kv"): itself, or one resolved to the stored format (bit flips); raises

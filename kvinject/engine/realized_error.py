@@ -227,6 +227,13 @@ class Realized:
                 self.outside = Realized.empty()
             self.outside.merge(other.outside)
 
+    def less(self, before: Realized) -> Realized:
+        """What was counted after ``before``, an earlier state of these statistics."""
+        k, v = (RealizedStats(**{f: x - getattr(b, f) for f, x in asdict(a).items()}) for a, b in ((self.k, before.k), (self.v, before.v)))
+        parts = {i: p.less(before.parts[i]) if i in before.parts else p for i, p in self.parts.items()}
+        outside = self.outside.less(before.outside) if self.outside is not None and before.outside is not None else self.outside
+        return Realized(k, v, outside, parts)
+
     def summary(self) -> dict[str, dict[str, float | int]]:
         out: dict[str, dict] = {"k": self.k.summary(), "v": self.v.summary()}
         if self.outside is not None:

@@ -40,6 +40,10 @@ class Placed(Draws):
         """Value ``value`` of the stream landed differing in bits ``mask``, ECC's read giving ``status``."""
         self.landed[value] = (mask, status)
 
+    def spares(self, n: int) -> bool:
+        """No change falls among the stream's first ``n`` values (its item's prompt: Context.resume)."""
+        return self._at.size == 0 or int(self._at[0]) >= n
+
     def take(self, n: int) -> np.ndarray:
         out = np.zeros(n, self._masks.dtype)
         lo, hi = np.searchsorted(self._at, [self._pos, self._pos + n])

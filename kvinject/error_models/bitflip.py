@@ -194,6 +194,10 @@ class Faults(_Flips):
     )
     example: ClassVar[str] = "faults:1,bit=14"
 
+    @property
+    def spares_prompt(self) -> bool:
+        return self.stage == "generated"
+
     def __post_init__(self) -> None:
         if self.count < 1:
             raise SpecError(f"'faults': K must be >= 1, got {self.count}")

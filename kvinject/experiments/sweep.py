@@ -154,15 +154,20 @@ class Sweep:
     def estimate_seconds(self, planned: list[Planned]) -> float:
         """Rough seconds on 2 CPU cores; generation at the grid's --parallel, else the CPU default.
         An eviction configuration after the first of its group that reads what it reads (with
-        one sequence per context) restores the prompts that one decoded (kvinject/engine/cache/prefills.py)."""
+        one sequence per context), or a fault campaign's after the first of its cache that places
+        faults after the prompts, restores the prompts that one decoded (kvinject/engine/cache/prefills.py)."""
         parallel = self.grid.parallel or CPU_PARALLEL
         decoded: set[tuple] = set()
         total = 0.0
         for p in planned:
             error, cache = p.cell.config.error, p.cell.config.cache
             resident = error.resident
-            shares = parallel == 1 and resident is not None and resident.shares_prefill
-            key = (p.cell.group, cache, resident.attention, resident.queries, resident.breaks_at) if shares else None
+            if error.spares_prompt:
+                key: tuple | None = (p.cell.group, cache, "spared")
+            elif parallel == 1 and resident is not None and resident.shares_prefill:
+                key = (p.cell.group, cache, resident.attention, resident.queries, resident.breaks_at)
+            else:
+                key = None
             total += self.bench(p.cell).estimate_seconds(len(p.runs), Speed(parallel, prompts=key is None or key not in decoded))
             decoded.add(key)
         return total

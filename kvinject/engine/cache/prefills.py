@@ -10,6 +10,13 @@ where the whole prompt was decoded, its last token's logits. The others restore 
 what was seen instead of decoding the prompt again: at 4K tokens a prompt costs about 20 s on
 two cores, the question and answer after it about 1 s.
 
+A fault campaign's item whose faults all land after its prompt (``faults:K,stage=generated``,
+or ``stage=any`` where the draw fell there) decodes its prompt as the golden run does, so each
+configuration after the first that placed faults restores it alike; its hook passes over the
+prompt's values in the item's stream and counts them as the first one's hook did (``spared``:
+the statistics agree but for the order of their float sums). With a stream of cells per sequence
+(parallel items), each sequence's restore lands in its own stream.
+
 A restore puts the sequence's cells back from cell 0 on (llama.cpp's ``find_slot`` in an
 emptied cache), so a snapshot is kept only of a prompt decoded into cells 0 to n - 1 of every
 layer, with one sequence in the context; the cells of what comes after then fall where they
@@ -26,6 +33,7 @@ from typing import Hashable
 import numpy as np
 
 from ..graph.cache_writes import Writes
+from ..realized_error import Realized
 
 BUDGET = 4 << 30  # bytes of snapshots kept per evaluation; past it, items are decoded as usual
 
@@ -50,6 +58,7 @@ class Snapshot:
     state: ctypes.Array  # llama_state_seq_get_data of the sequence
     seen: tuple[Seen, ...]
     logits: np.ndarray | None  # the last token's, where the decode asked for them (the whole prompt)
+    spared: Realized | None = None  # a spared prompt's values as the hook counted them
 
     @property
     def nbytes(self) -> int:

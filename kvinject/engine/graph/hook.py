@@ -377,6 +377,19 @@ class KVHook:
         return {site: self._decodes for site in self._expected | self._resident_sites}
 
     @property
+    def sites(self) -> frozenset[tuple[str, int]]:
+        """The (component, layer) sites it claims, at which llama.cpp's graph is split."""
+        return frozenset(self._expected)
+
+    def credit(self, draws: Draws, tokens: int, counted: Realized) -> None:
+        """A prompt of ``tokens`` restored instead of decoded (kvinject/engine/cache/prefills.py):
+        its values are passed over in the item's stream ``draws`` and ``counted`` as they were."""
+        draws.block(tokens * self._width)
+        self._python_realized.merge(Realized(counted.k, counted.v, parts=counted.parts))
+        if counted.outside is not None:
+            self._python_outside.merge(counted.outside)
+
+    @property
     def realized(self) -> Realized:
         """What the hook did to K and V so far."""
         sums, outside = self._total_sums, self._total_outside

@@ -59,8 +59,8 @@ def interrupted(stop: KeyboardInterrupt, store: Path, resume: str) -> typer.Exit
     # Perplexity scores a batch of runs (up to 16) together, chunk by chunk: none of them is
     # finished until the last chunk, and an interrupt loses them all.
     Console(stderr=True).print(
-        f"{stopped(stop)}: every finished run is in {store}; the runs under way were not finished "
-        f"(perplexity finishes a batch of runs together) and start again with: {resume}",
+        f"{stopped(stop)}: every finished run is in {store}; the runs under way (a run being decoded, or perplexity's "
+        f"batch of runs scored together) start again with: {resume}",
         style="yellow",
         markup=False,  # a path may hold [brackets]
         soft_wrap=True,

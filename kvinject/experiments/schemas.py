@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..benchmarks import BENCHMARKS
+from ..benchmarks.outcomes import METRICS as OUTCOMES
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
 
@@ -63,7 +64,7 @@ RECORD = {
     "items": Values(Each(Maybe(NUMBER))),
     "realized": REALIZED,
     "nonfinite_items": int,
-    "outputs?": Maybe(Each(Each(int))),  # each item's generated tokens
+    "outputs?": Each(Each(int)),  # each item's generated tokens (none before record format 2)
     "faults?": Maybe(Each(Maybe(Each(SITE)))),  # each item's faults
 }
 RUN_FILE = {
@@ -168,10 +169,24 @@ def _items(bench: str, record: dict[str, Any], where: str) -> str | None:
     lengths = {f"items.{k}": len(v) for k, v in items.items()} | {k: len(record[k]) for k in ("outputs", "faults") if record.get(k) is not None}
     if len(set(lengths.values())) > 1:
         return f"{where}: its lists hold different numbers of items ({', '.join(f'{k} {n}' for k, n in lengths.items())})"
+    if "faults" in lengths and "outputs" not in lengths:  # recorded faults came after the tokens (record format 2)
+        return f"{where}.outputs is missing beside its faults"
     for metric in sorted(BENCHMARKS[bench].binary & set(items)):
         for i, value in enumerate(items[metric]):
             if value is not None and not 0 <= value <= 1:
                 return f"{where}.items.{metric}[{i}]: {value} is no pass/fail score (0 to 1)"
+    return _outcomes(items, where)
+
+
+def _outcomes(items: dict[str, list[Any]], where: str) -> str | None:
+    """A record classified against its golden run has every outcome, one of them per item
+    (replay and the fault map read the one that is 1)."""
+    present = [o for o in OUTCOMES if o in items]
+    if present and len(present) < len(OUTCOMES):
+        return f"{where}.items: {', '.join(o for o in OUTCOMES if o not in items)} missing beside {', '.join(present)}"
+    for i, values in enumerate(zip(*(items[o] for o in present))):
+        if values.count(1) != 1 or not all(v in (0, 1) for v in values):  # None, a NaN stored: no outcome
+            return f"{where}.items: item {i} is not one outcome of {', '.join(OUTCOMES)} ({', '.join(f'{o} {v}' for o, v in zip(present, values))})"
     return None
 
 

@@ -1,8 +1,11 @@
 """The CLI fuzzer (tests/fuzz_cli.py): commands generated from the command tree, each run as
-the `kvinject` command runs (tests/fuzz_exec.py) and judged by tests/fuzz_verdict.py.
+the `kvinject` command runs (tests/fuzz_exec.py) and judged by tests/fuzz_verdict.py; and the
+files kvinject reads (tests/fuzz_files.py: grids, stores, run files, run folders), changed one
+key, row or field at a time, read by the commands that read them and judged the same way.
 
-The plain test run takes a bounded, fixed sample; `pytest -m fuzz` runs KVINJECT_FUZZ_COMMANDS
-(default 20,000) and writes each finding to KVINJECT_FUZZ_LOG (default fuzz-findings.log)."""
+The plain test run takes a bounded, fixed sample of each; `pytest -m fuzz` runs
+KVINJECT_FUZZ_COMMANDS (default 20,000) commands, then every changed file (KVINJECT_FUZZ_FILES
+of them where set), and writes each finding to KVINJECT_FUZZ_LOG (default fuzz-findings.log)."""
 
 from __future__ import annotations
 
@@ -12,22 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from tests import fuzz_cli
+from tests import fuzz_cli, fuzz_files
 from tests.fuzz_exec import execute
 from tests.fuzz_verdict import run_one
 
 SAMPLE = 30  # commands in the plain test run: about a minute on 2 cores
-SAMPLE_SECONDS = 75  # and never more than this (with the fixtures, under 2 minutes)
+SAMPLE_SECONDS = 65  # and never more than this (with the fixtures and the files', under 2 minutes)
+FILE_SAMPLE = 2  # changed files of each kind in the plain test run: 8 commands, about 10 s
+FILE_SAMPLE_SECONDS = 25  # and never more than this
 LIMIT_SECONDS = 120  # per command: the smallest sizes take seconds, lm-eval's import 20
 
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory, tiny_path: Path) -> Path:
     """The workspace every generated command gets a fresh copy of, with a store that holds one
-    fault campaign run (replay and report read it)."""
+    fault campaign run (replay and report read it) and the same run's --output file."""
     folder = tmp_path_factory.mktemp("fuzz") / "template"
     fuzz_cli.workspace(folder, tiny_path)
-    args = ["run", "--bench", "nexttoken", "--limit", "1", "--runs", "1", "--error", "faults:1", "--model", fuzz_cli.MODEL, "--store", fuzz_cli.STORE]
+    args = ["run", "--bench", "nexttoken", "--limit", "1", "--runs", "1", "--error", "faults:1", "--model", fuzz_cli.MODEL]
+    args += ["--store", fuzz_cli.STORE, "--output", fuzz_files.RUN_FILE]
     outcome = execute(args, folder, 300)
     assert outcome.code == 0, outcome.stderr
     for capture in folder.glob(".std*"):
@@ -60,6 +66,60 @@ def test_a_fixed_sample_of_generated_commands_holds(template, tmp_path):
     assert findings == []
 
 
+def test_every_kind_of_file_is_changed_key_by_key_and_read_by_each_command(template):
+    cases = fuzz_files.all_cases(template)
+    assert {c.kind for c in cases} == {"grid", "store", "run file", "run folder"}
+    for kind, commands in (
+        ("grid", fuzz_files.SMALL_COMMANDS),
+        ("store", fuzz_files.STORE_COMMANDS),
+        ("run file", fuzz_files.RUN_FILE_COMMANDS),
+        ("run folder", fuzz_files.FOLDER_COMMANDS),
+    ):
+        assert all(any(c.kind == kind and c.args == args for c in cases) for args in commands), kind
+    changes = {c.change for c in cases}
+    for example in sorted(fuzz_files.EXAMPLES.glob("*.toml")):
+        assert f"examples/{example.name} as it is" in changes
+    for change in (
+        "grid.toml sweep.runs = 1e10",
+        "grid.toml sweep.models = ['tiny.gguf', 'tiny.gguf']",
+        "examples/fault-campaign.toml errors.0.bit.stop = nan",
+        "row 2 record.faults.0.0.bit = None",
+        "ALTER TABLE runs DROP COLUMN record",
+        "run.json meta.configurations.1.cache = []",
+        "not submitted: grid.slurm/run.json tasks = 100000000000000000000",
+    ):
+        assert change in changes, change
+
+
+def unread(cases: list[fuzz_files.Case], template: Path, folder: Path) -> list[str]:
+    """The files as they are that a command does not read without an error (but the scheduler's:
+    none answers here): the changed ones would test the refusals of a file that never works."""
+    out = []
+    for case in cases:
+        problem = run_one(case.args, template, folder, LIMIT_SECONDS, case.prepare)
+        said = (folder / ".stderr").read_text()
+        if problem or ("error:" in said and "squeue" not in said):
+            out.append(f"{case.change}: kvinject {' '.join(case.args)}: {problem or said.strip()}")
+    return out
+
+
+def test_the_valid_file_of_each_kind_is_read_without_error(template, tmp_path):
+    cases = [c for c in fuzz_files.all_cases(template) if c.change.endswith("as it is") and not c.change.startswith("examples/")]
+    assert len(cases) == 5 and unread(cases, template, tmp_path / "w") == []
+
+
+def test_a_fixed_sample_of_changed_files_holds(template, tmp_path):
+    deadline = time.monotonic() + FILE_SAMPLE_SECONDS
+    findings = []
+    for case in fuzz_files.sample(template, FILE_SAMPLE):
+        if time.monotonic() > deadline:
+            break
+        problem = run_one(case.args, template, tmp_path / "w", LIMIT_SECONDS, case.prepare)
+        if problem:
+            findings.append(f"{case.kind} {case.change}: kvinject {' '.join(case.args)}: {problem}")
+    assert findings == []
+
+
 @pytest.mark.fuzz
 def test_the_long_run(template, tmp_path):
     count = int(os.environ.get("KVINJECT_FUZZ_COMMANDS", "20000"))
@@ -73,5 +133,24 @@ def test_the_long_run(template, tmp_path):
                 out.write(f"{i}\tkvinject {' '.join(args)}\t{problem}\n")
             if i % 20 == 0:
                 out.write(f"# {i + 1} commands run, {findings} findings\n")
+            out.flush()
+    assert findings == 0, f"{findings} findings: see {log}"
+
+
+@pytest.mark.fuzz
+def test_the_long_run_of_files(template, tmp_path):
+    cases = fuzz_files.sample(template, seed=int(os.environ.get("KVINJECT_FUZZ_SEED", "0")))
+    assert unread([c for c in cases if c.change.endswith("as it is")], template, tmp_path / "w") == []  # the examples cut to the smallest sizes too
+    cases = cases[: int(os.environ.get("KVINJECT_FUZZ_FILES", len(cases)))]
+    log = Path(os.environ.get("KVINJECT_FUZZ_LOG", "fuzz-findings.log")).resolve()
+    findings = 0
+    with log.open("a") as out:
+        for i, case in enumerate(cases):
+            problem = run_one(case.args, template, tmp_path / "w", LIMIT_SECONDS, case.prepare)
+            if problem:
+                findings += 1
+                out.write(f"{i}\t{case.kind} {case.change}\tkvinject {' '.join(case.args)}\t{problem}\n")
+            if i % 20 == 0:
+                out.write(f"# {i + 1} changed files read, {findings} findings\n")
             out.flush()
     assert findings == 0, f"{findings} findings: see {log}"

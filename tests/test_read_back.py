@@ -6,6 +6,7 @@ field the analysis reads that no schema checks is found here the day it is added
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sqlite3
@@ -129,3 +130,52 @@ def test_every_field_of_a_run_folder_damaged_is_refused_in_one_line(made, tmp_pa
         (folder / "run.json").write_text(text)
         code, said = invoke(["sweep", folder, "--status"])
         assert code == 2 and said.startswith(f"{folder / 'run.json'}: damaged ("), said
+
+
+def test_what_the_file_fuzzer_found_is_refused_in_one_line(made, tmp_path):
+    """A run file's configuration with its cache a list, a pass/fail item scored 10^20 or 2 (in a run
+    file or a store), a record's realized statistics without K's or with a list for a count, its
+    faults not a list per item, its run not its row's, a model that is no text, an item with no
+    outcome, ended report or replay in a TypeError, KeyError, StopIteration or scipy's
+    ValueError; run.json with 10^20 tasks had `sweep DIR --status` count stores for ever."""
+    document = json.loads((made / "r.json").read_text())
+    edited = tmp_path / "r.json"
+    for at, broken, why in (
+        (("meta", "configurations", 1, "cache"), [], "meta.configurations[1].cache: [] is not an object"),
+        (("meta", "configurations", 1, "error"), "bogus:1", "meta.configurations[1]: no configuration"),
+        (("records", 1, "items", "accuracy", 0), 2, "records[1].items.accuracy[0]: 2 is no pass/fail score (0 to 1)"),
+        (("records", 1, "items", "accuracy", 0), -1, "records[1].items.accuracy[0]: -1 is no pass/fail score"),
+        (("records", 1, "metrics", "bits"), 10**20, "records[1].metrics.bits: 100000000000000000000 is not a number"),
+    ):
+        edited.write_text(json.dumps(damaged(document, at, broken)))
+        code, said = invoke(["report", edited])
+        assert code == 2 and said.startswith(f"{edited}: not a file written by kvinject run --output") and why in said, said
+    store = tmp_path / "s.results.sqlite"
+    for update, why in (
+        ("record = json_set(record, '$.items.accuracy[0]', 2)", "record.items.accuracy[0]: 2 is no pass/fail score (0 to 1)"),
+        ("record = json_set(record, '$.realized', json('{}'))", "record.realized.k is missing"),
+        ("record = json_set(record, '$.realized.k.changed', json('[]'))", "record.realized.k.changed: [] is not an integer"),
+        ("record = json_set(record, '$.faults', json('[1]'))", "record.faults[0]: 1 is not a list"),
+        ("record = json_set(record, '$.outputs', json('[]'))", "record: its lists hold different numbers of items (items.accuracy 2, "),
+        ("record = json_set(record, '$.outputs', json('null'))", "record.outputs: null is not a list"),
+        ("record = json_remove(json_set(record, '$.faults', json('[[], []]')), '$.outputs')", "record.outputs is missing beside its faults"),
+        ("record = json_set(record, '$.run', 7)", "record.run: 7 is not the row's run 0"),
+        ("settings = json_set(settings, '$.model', 5)", "settings.model: 5 is not text"),
+        ("run = 'x'", "cell '"),
+        ("record = json_set(record, '$.items.masked', json('[1, 1]'))", "record.items: benign, sdc, due missing beside masked"),
+        (
+            "record = json_set(record, " + ", ".join(f"'$.items.{o}', json('[0, 0]')" for o in ("masked", "benign", "sdc", "due")) + ")",
+            "record.items: item 0 is not one outcome of masked, benign, sdc, due (masked 0, benign 0, sdc 0, due 0)",
+        ),
+    ):
+        shutil.copy(made / "s.results.sqlite", store)
+        with contextlib.closing(sqlite3.connect(store)) as db, db:  # closed: its WAL left with the next copy
+            db.execute(f"UPDATE runs SET {update} WHERE rowid = 1")
+        code, said = invoke(["report", store])
+        assert code == 2 and f"is damaged ({why}" in said, said
+    folder = tmp_path / "g.slurm"
+    folder.mkdir()
+    saved = {"grid": str(made / "g.toml"), "tasks": 10**20, "workdir": str(tmp_path), "max_cells": 5000, "submissions": []}
+    (folder / "run.json").write_text(json.dumps(saved))
+    code, said = invoke(["sweep", folder, "--status"])
+    assert code == 2 and said.startswith(f"{folder / 'run.json'}: damaged (tasks: 100000000000000000000 is not a number of array tasks (1 to 10000))"), said

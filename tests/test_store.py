@@ -144,6 +144,17 @@ def test_a_new_store_is_stamped(tmp_path):
         assert len(list(store.records())) == 8
 
 
+def test_a_store_without_its_claims_table_is_refused_in_one_line(tmp_path):
+    """`sweep --store S --dry-run` on a store whose claims table was dropped ended in a traceback."""
+    with Store(tmp_path / "s.sqlite"):
+        pass
+    with sqlite3.connect(tmp_path / "s.sqlite") as db:
+        db.execute("DROP TABLE claims")
+    db.close()
+    with Store(tmp_path / "s.sqlite", readonly=True) as store, pytest.raises(StoreError, match=r"unreadable results store \(no such table: claims\)"):
+        store.claims()
+
+
 def test_an_empty_file_becomes_a_store(tmp_path):
     (tmp_path / "s.sqlite").touch()
     with Store(tmp_path / "s.sqlite") as store:

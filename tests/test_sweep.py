@@ -95,6 +95,8 @@ def test_ranges_expand_and_the_cells_are_the_cross_product(tmp_path):
         (("runs = 2", "runs = 2\ncaches = ['f16/q4_0']\nflash_attn = 'off'"), r"sweep.caches\[0\]: a quantized V cache"),
         (("runs = 2", "runs = 2 2"), "not valid TOML"),
         (("runs = 2", "runs = true"), "sweep.runs must be a positive integer, got True"),
+        (("runs = 2", "runs = 99999999999999999999"), r"sweep.runs must be a positive integer, got 99999999999999999999 \(at most 10000\)"),
+        (('[sweep]\nmodels = ["{model}"]\nruns = 2', "sweep = true"), r"sweep must be a table \(\[sweep\]\), got True"),  # was a TypeError
         (("runs = 2", "runs = 2\nseeds = [0, -1]"), "sweep.seeds must be integers >= 0"),
         (("runs = 2", "runs = 2\nthreads = 0"), r"\[sweep\]: threads must be between 1 and 512"),
         (("runs = 2", "runs = 2\nparallel = 'x'"), "sweep.parallel must be an integer"),
@@ -117,6 +119,14 @@ def test_a_bad_grid_names_the_key(tmp_path, change, message):
     with pytest.raises(GridError, match=message) as info:
         load_grid(path)
     assert str(info.value).startswith(f"{path}: "), "the message names the file"
+
+
+def test_a_grid_that_is_not_utf8_is_refused_in_one_line(tmp_path):
+    """A byte that is no UTF-8 ended `sweep` in a UnicodeDecodeError."""
+    path = write_grid(tmp_path, "smollm2")
+    path.write_bytes(path.read_bytes() + b"\xff")
+    with pytest.raises(GridError, match=f"{path}: not valid TOML: 'utf-8' codec can't decode byte 0xff"):
+        load_grid(path)
 
 
 def test_a_range_or_grid_too_large_is_refused_before_it_is_expanded(tmp_path):

@@ -78,10 +78,6 @@ def output_records(path: Path) -> list[dict[str, Any]]:
         control = meta["configurations"][0]["label"]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
         raise KvinjectError(f"{path}: not a file written by kvinject run --output ({type(e).__name__}: {e})") from None
-    if "options" not in meta:
-        raise KvinjectError(
-            f"{path}: written by kvinject 0.1.0 before `run --output` recorded the benches' options, which say what is pass/fail: run it again to report it"
-        )
     out = []
     for record in records:
         settings = {

@@ -200,7 +200,7 @@ def load_grid(path: Path, max_cells: int = MAX_CELLS) -> Grid:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise GridError(f"cannot read {path}: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:  # TOML is UTF-8 text
         raise GridError(f"{path}: not valid TOML: {e}") from None
     try:
         return build_grid(path, raw, max_cells)
@@ -215,6 +215,8 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
     if unknown:
         raise GridError(f"{path}: unknown top-level key {sorted(unknown)[0]!r} (expected sweep, bench, errors, cells)")
     sweep = raw.get("sweep", {})
+    if not isinstance(sweep, dict):
+        raise GridError(f"{path}: sweep must be a table ([sweep]), got {sweep!r}")
     bad = set(sweep) - SWEEP_KEYS
     if bad:
         raise GridError(f"{path}: [sweep] has no key {sorted(bad)[0]!r} (keys: {', '.join(sorted(SWEEP_KEYS))})")
@@ -223,8 +225,8 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
         raise GridError(f"{path}: declare at least one benchmark, e.g. [bench.nexttoken]")
     option_sets = _option_sets(path, benches)
     runs = sweep.get("runs", 5)
-    if not _integer(runs) or runs < 1:
-        raise GridError(f"{path}: sweep.runs must be a positive integer, got {runs!r}")
+    if not _integer(runs) or not 1 <= runs <= MAX_RANGE:  # 10^20 runs: a MemoryError as the runs were listed
+        raise GridError(f"{path}: sweep.runs must be a positive integer, got {runs!r} (at most {MAX_RANGE})")
     campaign = _campaign(path, sweep)
     seeds = _values("sweep.seeds", sweep.get("seeds", 0))
     if not all(_integer(s) and s >= 0 for s in seeds):

@@ -22,7 +22,7 @@ from .. import __version__
 from ..exceptions import KvinjectError
 from ..files import write_text
 from .grid import MAX_CELLS, Grid, load_grid
-from .schemas import DamagedError, run_folder
+from .schemas import MAX_TASKS, DamagedError, run_folder
 from .store import Store
 from .sweep import Planned, Sweep, shard_of
 
@@ -51,8 +51,8 @@ class SlurmOptions:
     max_cells: int = MAX_CELLS  # and its --max-cells
 
     def __post_init__(self) -> None:
-        if self.tasks < 1:
-            raise KvinjectError(f"--tasks must be at least 1, got {self.tasks}")
+        if not 1 <= self.tasks <= MAX_TASKS:
+            raise KvinjectError(f"--tasks takes 1 to {MAX_TASKS} array tasks, got {self.tasks}")
         if self.time is not None and not re.fullmatch(r"([0-9]+-)?[0-9]+(:[0-9]+){0,2}", self.time):
             raise KvinjectError(f"--time takes SLURM's [D-]HH:MM:SS, MM:SS or minutes, e.g. 4:00:00, got '{self.time}'")
         for arg in self.extra:
@@ -215,8 +215,9 @@ def _scheduler(command: list[str]) -> str:
     if shutil.which(command[0]) is None:
         raise SlurmError(f"{command[0]} not found: --slurm works where SLURM's commands are (a cluster's login node); --dry-run shows the script anywhere")
     done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SlurmError(f"{command[0]} failed: {done.stderr.strip() or done.stdout.strip()}")
+    if done.returncode != 0:  # its lines as one: an error is one line
+        said = done.stderr.strip() or done.stdout.strip()
+        raise SlurmError(f"{command[0]} failed: {'; '.join(line.strip() for line in said.splitlines() if line.strip())}")
     return done.stdout
 
 

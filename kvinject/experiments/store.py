@@ -238,7 +238,8 @@ class Store:
     def claims(self) -> dict[str, Claim]:
         if self.unstamped:  # opened read-only before any sweep adopted it: no claims table
             return {}
-        rows = self._db.execute("SELECT grp, host, pid, token, heartbeat FROM claims")
+        with self._errors():  # a claims table dropped or damaged
+            rows = self._db.execute("SELECT grp, host, pid, token, heartbeat FROM claims").fetchall()
         return {grp: Claim(grp, Worker(host, pid, token), heartbeat) for grp, host, pid, token, heartbeat in rows}
 
     def claim(self, group: str, worker: Worker) -> None:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from ..benchmarks import BENCHMARKS, Benchmark
 from ..benchmarks.drift import METRICS as DRIFT
-from ..engine.model import Model, resolve_model
+from ..engine.model import DEFAULT_MODEL, Model, resolve_model
 from ..engine.options import BackendOptions, CacheOptions
 from ..engine.target import Target
 from ..error_models import ErrorModel
@@ -79,7 +79,7 @@ def profile_grid(
         n_layer, n_head_kv = shape.n_layer, shape.n_head_kv
     options = given_options(bench, given)
     sweep: dict[str, Any] = {
-        "models": [str(path)],
+        "models": [model or DEFAULT_MODEL],  # as the user named it, as kvinject run records it
         "runs": runs,
         "seeds": [seed],
         "targets": ["k", "v"],

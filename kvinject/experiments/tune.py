@@ -277,7 +277,7 @@ def plan_tuning(
 ) -> Tuning:
     """A tune as the command's flags describe it, checked before anything runs."""
     from ..benchmarks import BENCHMARKS, make_benches
-    from ..engine.model import Model, resolve_model
+    from ..engine.model import DEFAULT_MODEL, Model, resolve_model
     from .profile import profile_metric
 
     models = {spec: _choice(spec, cache) for spec in choices}
@@ -293,7 +293,7 @@ def plan_tuning(
     with Model(str(path), BackendOptions(n_gpu_layers=0)) as m:  # mmapped: the shape, not the weights
         shape = m.shape
     tuning = Tuning(
-        model=str(path),
+        model=model or DEFAULT_MODEL,  # as the user named it: records and reports show the name, not this machine's path
         shape=shape,
         bench=b,
         given=given,

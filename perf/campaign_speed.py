@@ -11,7 +11,8 @@ compares N sequences with 1: the outcomes of the two are the same item for item
 (tests/test_campaign_parallel.py), so the ratio is what a campaign gains. With ``--stage
 generated`` the faults land in generated tokens and every fault run after the first restores the
 prompts it decoded (kvinject/engine/cache/prefills.py; tests/test_spared_prompts.py): it compares
-that, at N sequences, with decoding every prompt (no snapshot kept).
+that, at N sequences, with one sequence decoding every prompt (no snapshot kept), as campaigns ran
+before both.
 """
 
 from __future__ import annotations
@@ -56,16 +57,18 @@ def main() -> None:
     add_record_flag(ap)
     args = ap.parse_args()
     n = args.parallel
+    models = {p: Model(args.model, BackendOptions(threads=args.threads, parallel=p)) for p in (1, n)}
     if args.stage == "prompt":
-        models = {p: Model(args.model, BackendOptions(threads=args.threads, parallel=p)) for p in (1, n)}
         pair = [(f"--parallel {p}", lambda p=p: per_minute(models[p], args.items, runs=args.runs)) for p in (1, n)]
         key, what = f"campaign-parallel-{n}", f"fault campaign `{SPEC}`, injections per minute, --parallel {n} / 1"
-    else:
-        model = Model(args.model, BackendOptions(threads=args.threads, parallel=n))
+    else:  # as campaigns ran before (one item at a time, every prompt decoded) against as they run now
         spec = f"{SPEC},stage=generated"
-        pair = [(name, lambda share=share: per_minute(model, args.items, spec, args.runs, share)) for name, share in (("decoding", False), ("restoring", True))]
-        key = f"campaign-spared-{args.runs}"
-        what = f"fault campaign `{spec}`, {args.runs} fault runs, injections per minute, prompts restored / decoded, --parallel {n}"
+        pair = [
+            ("at --parallel 1 decoding every prompt", lambda: per_minute(models[1], args.items, spec, args.runs, share=False)),
+            (f"at --parallel {n} restoring them", lambda: per_minute(models[n], args.items, spec, args.runs)),
+        ]
+        key = f"campaign-spared-{n}"
+        what = f"fault campaign `{spec}`, {args.runs} fault runs, injections per minute, --parallel {n} restoring prompts / --parallel 1 decoding them"
     pair[0][1]()  # compiled callback and caches warm before timing
     ratios = []
     for i in range(args.repeats):

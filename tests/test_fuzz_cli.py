@@ -123,18 +123,8 @@ def test_a_fixed_sample_of_changed_files_holds(template, tmp_path):
 @pytest.mark.fuzz
 def test_the_long_run(template, tmp_path):
     count = int(os.environ.get("KVINJECT_FUZZ_COMMANDS", "20000"))
-    log = Path(os.environ.get("KVINJECT_FUZZ_LOG", "fuzz-findings.log")).resolve()
-    findings = 0
-    with log.open("a") as out:
-        for i, args in enumerate(fuzz_cli.sample(count, seed=int(os.environ.get("KVINJECT_FUZZ_SEED", "0")))):
-            problem = run_one(args, template, tmp_path / "w", LIMIT_SECONDS)
-            if problem:
-                findings += 1
-                out.write(f"{i}\tkvinject {' '.join(args)}\t{problem}\n")
-            if i % 20 == 0:
-                out.write(f"# {i + 1} commands run, {findings} findings\n")
-            out.flush()
-    assert findings == 0, f"{findings} findings: see {log}"
+    commands = fuzz_cli.sample(count, seed=int(os.environ.get("KVINJECT_FUZZ_SEED", "0")))
+    logged(((f"kvinject {' '.join(args)}", run_one(args, template, tmp_path / "w", LIMIT_SECONDS)) for args in commands), "commands run")
 
 
 @pytest.mark.fuzz
@@ -142,15 +132,21 @@ def test_the_long_run_of_files(template, tmp_path):
     cases = fuzz_files.sample(template, seed=int(os.environ.get("KVINJECT_FUZZ_SEED", "0")))
     assert unread([c for c in cases if c.change.endswith("as it is")], template, tmp_path / "w") == []  # the examples cut to the smallest sizes too
     cases = cases[: int(os.environ.get("KVINJECT_FUZZ_FILES", len(cases)))]
+    results = ((f"{c.kind} {c.change}\tkvinject {' '.join(c.args)}", run_one(c.args, template, tmp_path / "w", LIMIT_SECONDS, c.prepare)) for c in cases)
+    logged(results, "changed files read")
+
+
+def logged(results, noun: str) -> None:
+    """A long run's (what ran, its problem or None), each finding written to KVINJECT_FUZZ_LOG as
+    it comes and a count every 20; fails if any."""
     log = Path(os.environ.get("KVINJECT_FUZZ_LOG", "fuzz-findings.log")).resolve()
     findings = 0
     with log.open("a") as out:
-        for i, case in enumerate(cases):
-            problem = run_one(case.args, template, tmp_path / "w", LIMIT_SECONDS, case.prepare)
+        for i, (what, problem) in enumerate(results):
             if problem:
                 findings += 1
-                out.write(f"{i}\t{case.kind} {case.change}\tkvinject {' '.join(case.args)}\t{problem}\n")
+                out.write(f"{i}\t{what}\t{problem}\n")
             if i % 20 == 0:
-                out.write(f"# {i + 1} changed files read, {findings} findings\n")
+                out.write(f"# {i + 1} {noun}, {findings} findings\n")
             out.flush()
     assert findings == 0, f"{findings} findings: see {log}"

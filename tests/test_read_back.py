@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests.cli_tree import invoke
+from tests.fuzz_files import changed
 
 GRID = '[sweep]\nruns = 1\n[bench.nexttoken]\nlimit = 2\n[[errors]]\nspec = "normal:0,0.5"\n'
 BROKEN = [None, "x", [], {}]
@@ -41,19 +42,6 @@ def paths(value: Any, at: tuple = ()) -> Iterator[tuple]:
             yield from paths(v, (*at, k))
     elif isinstance(value, list) and value:
         yield from paths(value[0], (*at, 0))
-
-
-def damaged(value: Any, at: tuple, broken: Any) -> Any:
-    """``value`` with the field at ``at`` set to ``broken`` (``...``: removed)."""
-    value = json.loads(json.dumps(value))
-    parent = value
-    for k in at[:-1]:
-        parent = parent[k]
-    if broken is ...:
-        del parent[at[-1]]
-    else:
-        parent[at[-1]] = broken
-    return value
 
 
 def one_line_or_accepted(args: list[object], where: Path) -> None:
@@ -89,7 +77,7 @@ def test_every_field_of_a_stored_row_damaged_is_accepted_or_refused_in_one_line(
                 for broken in [..., *BROKEN]:
                     shutil.copy(made / "s.results.sqlite", store)
                     with sqlite3.connect(store) as db:
-                        db.execute(f"UPDATE runs SET {column} = ? WHERE rowid = ?", (json.dumps(damaged(value, at, broken)), rowid))
+                        db.execute(f"UPDATE runs SET {column} = ? WHERE rowid = ?", (json.dumps(changed(value, at, broken)), rowid))
                     one_line_or_accepted(["report", store], store)
 
 
@@ -101,10 +89,10 @@ def test_every_field_of_a_run_file_damaged_is_accepted_or_refused_in_one_line(ma
     edited = tmp_path / "r.json"
     for at in [p for p in paths({"meta": document["meta"], "records": document["records"]}) if p and p[0] != "aggregates"]:
         for broken in [..., *BROKEN, "high"]:
-            edited.write_text(json.dumps(damaged(document, at, broken)))
+            edited.write_text(json.dumps(changed(document, at, broken)))
             one_line_or_accepted(["report", edited], edited)
     for record, label in ((0, "bogus"), (-1, "none ")):
-        edited.write_text(json.dumps(damaged(document, ("records", record, "label"), label)))
+        edited.write_text(json.dumps(changed(document, ("records", record, "label"), label)))
         code, said = invoke(["report", edited])
         assert code == 2 and "is none of the run's configurations" in said
 
@@ -118,7 +106,7 @@ def test_every_field_of_a_run_folder_damaged_is_refused_in_one_line(made, tmp_pa
         for broken in [..., *BROKEN, -1, 9]:
             if broken in (-1, 9) and at not in (("tasks",), ("submissions", 0, "tasks", 0)):
                 continue
-            (folder / "run.json").write_text(json.dumps(damaged(saved, at, broken)))
+            (folder / "run.json").write_text(json.dumps(changed(saved, at, broken)))
             code, said = invoke(["sweep", folder, "--status"])  # a sound one ends where the scheduler is asked (none answers here)
             assert code in (0, 2), said  # no submission, or one without its time, is a sound run folder
             out_of_range = {(("tasks",), -1), (("submissions", 0, "tasks", 0), -1), (("submissions", 0, "tasks", 0), 9)}
@@ -147,7 +135,7 @@ def test_what_the_file_fuzzer_found_is_refused_in_one_line(made, tmp_path):
         (("records", 1, "items", "accuracy", 0), -1, "records[1].items.accuracy[0]: -1 is no pass/fail score"),
         (("records", 1, "metrics", "bits"), 10**20, "records[1].metrics.bits: 100000000000000000000 is not a number"),
     ):
-        edited.write_text(json.dumps(damaged(document, at, broken)))
+        edited.write_text(json.dumps(changed(document, at, broken)))
         code, said = invoke(["report", edited])
         assert code == 2 and said.startswith(f"{edited}: not a file written by kvinject run --output") and why in said, said
     store = tmp_path / "s.results.sqlite"

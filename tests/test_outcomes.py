@@ -1,6 +1,12 @@
 """Fault-campaign outcomes: masked, benign, SDC and DUE per item against the golden run."""
 
+import json
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,6 +105,44 @@ def test_a_generation_past_its_deadline_stops_after_the_pick_it_was_in(tiny):
         late = dict(generate_all(ctx, prompts, 5, items=[0, 1, 2], ignore_eos=True, deadline=0.0))
     for i in range(3):
         assert late[i].stopped == "timeout" and late[i].tokens == clean[i].tokens[:1] and len(clean[i].tokens) == 5
+
+
+_STOPPED_MID_GENERATION = """
+import json, os, signal, sys
+from kvinject.engine.context import Context
+from kvinject.engine.generation.batching import generate_all
+from kvinject.engine.model import Model
+
+def stop(tokens):  # after the second pick, the process stops itself; the test continues it
+    if len(tokens) == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return False
+
+with Model(sys.argv[1]) as model, Context(model, seed=1, n_ctx=64) as ctx:
+    got = dict(generate_all(ctx, [model.tokenize("Hello there, how are you?")], 5, items=[0], ignore_eos=True, stop=stop, deadline=float(sys.argv[2])))
+print(json.dumps({"stopped": got[0].stopped, "tokens": len(got[0].tokens)}))
+"""
+
+
+def _stopped_for(seconds: float, tiny_path, deadline: float) -> dict:
+    """A generation whose process is stopped (SIGSTOP, as Ctrl-Z or a scheduler's suspend stops
+    it) for ``seconds`` after its second pick, then continued."""
+    child = subprocess.Popen([sys.executable, "-c", _STOPPED_MID_GENERATION, str(tiny_path), str(deadline)], stdout=subprocess.PIPE, text=True)
+    give_up = time.monotonic() + 120
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert child.poll() is None and time.monotonic() < give_up, "the child never stopped itself"
+        time.sleep(0.05)
+    time.sleep(seconds)
+    child.send_signal(signal.SIGCONT)
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode == 0
+    return json.loads(out)
+
+
+def test_a_stopped_process_does_not_put_its_generations_past_their_deadline(tiny_path):
+    """The watchdog counts the time the process runs (kvinject/clock.py): stopped for 3 s with a
+    deadline of 2 s, the generation goes on to its 5 tokens (on the wall clock it was cut at 2)."""
+    assert _stopped_for(3.0, tiny_path, deadline=2.0) == {"stopped": "", "tokens": 5}
 
 
 def test_a_campaign_counts_an_item_past_its_time_limit_as_due(tiny, monkeypatch):

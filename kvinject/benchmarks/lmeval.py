@@ -5,13 +5,13 @@ stores, reports and plots. Needs the lm-eval extra (``pip install 'kvinject[lm-e
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .. import clock
 from ..engine.model import Model
 from ..exceptions import DataError
 from .base import Benchmark, Golden, Plan, Progress, RunResult
@@ -90,7 +90,7 @@ class LMEval(Benchmark):
 
         for config, runs in plan:
             for run in runs:
-                start = time.perf_counter()
+                start = clock.now()
                 lm = KvinjectLM.on(model, config, seed, run, self.options.max_length)
                 try:
                     scores = evaluate(lm, self.tasks, self.headlines, self.options.limit, self.options.num_fewshot, self.options.chat, self.options.gen_kwargs)
@@ -107,5 +107,5 @@ class LMEval(Benchmark):
                     {"score": float(np.mean(scores.items)), "bits": bits, **scores.metrics},
                     {"score": scores.items},
                     realized,
-                    seconds=time.perf_counter() - start,
+                    seconds=clock.now() - start,
                 )

@@ -20,7 +20,6 @@ has acted, so KIVI and eviction leave llama-perplexity's figure unchanged.
 from __future__ import annotations
 
 import math
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -28,6 +27,7 @@ from typing import Iterator
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
+from .. import clock
 from ..data import read_text
 from ..engine.context import Context
 from ..engine.model import Model
@@ -215,7 +215,7 @@ class Perplexity(Benchmark):
                     entries = [(t, pos, s, pos >= first) for s, piece in enumerate(pieces) for pos, t in enumerate(piece[a:b], a)]
                     asked, lo, hi = _asked(a, b, first), max(a, first), min(b, n_ctx - 1)  # rows lo..hi-1 predict a token of the chunk
                     for job, (ctx, tally) in enumerate(zip(contexts, tallies)):
-                        start = time.perf_counter()
+                        start = clock.now()
                         ctx.decode(entries)
                         if hi > lo:
                             logits = ctx.output_logits(len(pieces) * asked).reshape(len(pieces), asked, -1)
@@ -225,12 +225,12 @@ class Perplexity(Benchmark):
                                     _score_rows(rows[job][s], *block, None, bases[s] if bases else None)
                                 else:
                                     _score_rows(rows[job][s], *block, bases[s], None)
-                        tally.seconds += time.perf_counter() - start
+                        tally.seconds += clock.now() - start
                 for job, tally in enumerate(tallies):
-                    start = time.perf_counter()
+                    start = clock.now()
                     for chunk_rows in rows[job]:
                         _fold(tally, chunk_rows)
-                    tally.seconds += time.perf_counter() - start
+                    tally.seconds += clock.now() - start
                     if job or with_control:
                         progress(len(pieces))
         finally:

@@ -7,12 +7,12 @@ divergence, fault outcomes, logit drift against a cache-free control) and become
 
 from __future__ import annotations
 
-import time
 from contextlib import ExitStack
 from typing import Any, Iterator
 
 import numpy as np
 
+from .. import clock
 from ..benchmarks.base import Benchmark, GenerationBenchmark, Golden, Plan, Progress, RunResult, token_divergence
 from ..benchmarks.drift import compare
 from ..benchmarks.drift import summarize as summarize_drift
@@ -86,7 +86,7 @@ def _run(
     """One run; with a cache-free ``reference`` (the control), each item's logits are
     compared with those of one pass over its tokens with the reference's cache (the
     control's own logits are that pass: it drifts by 0)."""
-    start = time.perf_counter()
+    start = clock.now()
     n = len(prompts)
     scores: list[Any] = [None] * n
     outputs: list[list[int]] = [[] for _ in range(n)]
@@ -141,7 +141,7 @@ def _run(
         items,
         realized,
         sum(cause == "nonfinite" for cause in due),
-        time.perf_counter() - start,
+        clock.now() - start,
         tokens,
         extra,
         outputs,

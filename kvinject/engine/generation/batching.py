@@ -18,7 +18,6 @@ cells among threads. docs/performance.md measures both.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from math import isfinite
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ... import clock
 from ...exceptions import DataError, HookError
 from ..positions import MAX_POSITION, Spans
 
@@ -56,7 +56,7 @@ class _Slot:
     first: np.ndarray | None = None
     nonfinite: int = 0
     rows: list[np.ndarray] | None = None  # every pick's logits, kept when asked for
-    start: float = field(default_factory=time.perf_counter)
+    start: float = field(default_factory=clock.now)  # seconds the process ran, for the watchdog (kvinject/clock.py)
     stopped: str = ""
     length: int = field(init=False)  # tokens of the sequence: prompt, prefix and generated
 
@@ -246,7 +246,8 @@ def _step(
     slot.length += 1
     if (stop is not None and stop(slot.out)) or slot.length >= ctx.n_ctx_seq or len(slot.out) >= max_tokens:
         return True
-    if deadline is not None and time.perf_counter() - slot.start > deadline:
+    ran = clock.now() - slot.start  # read at every token: a stop drops at most one token's time
+    if deadline is not None and ran > deadline:
         slot.stopped = "timeout"
         return True
     return False

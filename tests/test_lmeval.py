@@ -241,6 +241,17 @@ def test_the_lmeval_bench_refuses_what_it_cannot_run_in_one_line(options, messag
         make_bench("lmeval", {"include_path": str(FIXTURES), **options})
 
 
+def test_tasks_the_include_folders_hold_are_found_without_lm_evals_own(tmp_path):
+    """Plain tasks of the include folders are looked up in those alone (lm-eval's own 14,000
+    YAMLs take 10 s to index); with one of lm-eval's tasks, or a group, the whole index."""
+    from kvinject.lmeval.tasks import task_set
+
+    assert "hellaswag" not in task_set(("kvinject_tiny_choice",), [FIXTURES]).manager.all_tasks
+    assert "hellaswag" in task_set(("kvinject_tiny_choice", "hellaswag"), [FIXTURES]).manager.all_tasks
+    (tmp_path / "group.yaml").write_text("group: kvinject_tiny_group\ntask:\n  - kvinject_tiny_choice\n  - hellaswag\n")
+    assert "hellaswag" in task_set(("kvinject_tiny_group",), [FIXTURES, tmp_path]).manager.all_tasks
+
+
 def test_a_chunk_s_loglikelihood_equals_the_perplexity_bench_nll(tiny):
     """The same tokens after the same context: a log-likelihood request of a chunk's second half
     after its first half is the perplexity bench's NLL of that chunk (llama-perplexity's)."""

@@ -4,8 +4,9 @@ files kvinject reads (tests/fuzz_files.py: grids, stores, run files, run folders
 key, row or field at a time, read by the commands that read them and judged the same way.
 
 The plain test run takes a bounded, fixed sample of each; `pytest -m fuzz` runs
-KVINJECT_FUZZ_COMMANDS (default 20,000) commands, then every changed file (KVINJECT_FUZZ_FILES
-of them where set), and writes each finding to KVINJECT_FUZZ_LOG (default fuzz-findings.log)."""
+KVINJECT_FUZZ_COMMANDS (default 20,000) commands (from number KVINJECT_FUZZ_FROM, to run it in
+pieces), then every changed file (KVINJECT_FUZZ_FILES of them where set), and writes each finding
+to KVINJECT_FUZZ_LOG (default fuzz-findings.log)."""
 
 from __future__ import annotations
 
@@ -124,7 +125,9 @@ def test_a_fixed_sample_of_changed_files_holds(template, tmp_path):
 def test_the_long_run(template, tmp_path):
     count = int(os.environ.get("KVINJECT_FUZZ_COMMANDS", "20000"))
     commands = fuzz_cli.sample(count, seed=int(os.environ.get("KVINJECT_FUZZ_SEED", "0")))
-    logged(((f"kvinject {' '.join(args)}", run_one(args, template, tmp_path / "w", LIMIT_SECONDS)) for args in commands), "commands run")
+    first = int(os.environ.get("KVINJECT_FUZZ_FROM", "0"))  # a run in pieces: each its own range of the same draw
+    results = ((f"kvinject {' '.join(args)}", run_one(args, template, tmp_path / "w", LIMIT_SECONDS)) for args in commands[first:])
+    logged(results, "commands run", first)
 
 
 @pytest.mark.fuzz
@@ -136,17 +139,19 @@ def test_the_long_run_of_files(template, tmp_path):
     logged(results, "changed files read")
 
 
-def logged(results, noun: str) -> None:
-    """A long run's (what ran, its problem or None), each finding written to KVINJECT_FUZZ_LOG as
-    it comes and a count every 20; fails if any."""
+def logged(results, noun: str, first: int = 0) -> None:
+    """A long run's (what ran, its problem or None), numbered from ``first``, each finding written
+    to KVINJECT_FUZZ_LOG as it comes and a count every 20; fails if any."""
     log = Path(os.environ.get("KVINJECT_FUZZ_LOG", "fuzz-findings.log")).resolve()
-    findings = 0
+    findings = ran = 0
     with log.open("a") as out:
-        for i, (what, problem) in enumerate(results):
+        for i, (what, problem) in enumerate(results, first):
+            ran += 1
             if problem:
                 findings += 1
                 out.write(f"{i}\t{what}\t{problem}\n")
-            if i % 20 == 0:
-                out.write(f"# {i + 1} {noun}, {findings} findings\n")
+            if ran % 20 == 0:
+                out.write(f"# {ran} {noun} ({first} to {i}), {findings} findings\n")
             out.flush()
+        out.write(f"# {ran} {noun} ({first} to {first + ran - 1}), {findings} findings: done\n")
     assert findings == 0, f"{findings} findings: see {log}"

@@ -1,12 +1,12 @@
 """Fault-campaign outcomes: masked, benign, SDC and DUE per item against the golden run."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,10 +128,8 @@ def _stopped_for(seconds: float, tiny_path, deadline: float) -> dict:
     """A generation whose process is stopped (SIGSTOP, as Ctrl-Z or a scheduler's suspend stops
     it) for ``seconds`` after its second pick, then continued."""
     child = subprocess.Popen([sys.executable, "-c", _STOPPED_MID_GENERATION, str(tiny_path), str(deadline)], stdout=subprocess.PIPE, text=True)
-    give_up = time.monotonic() + 120
-    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert child.poll() is None and time.monotonic() < give_up, "the child never stopped itself"
-        time.sleep(0.05)
+    _, status = os.waitpid(child.pid, os.WUNTRACED)  # returns once the child has stopped itself
+    assert os.WIFSTOPPED(status), "the child ended before it stopped itself"
     time.sleep(seconds)
     child.send_signal(signal.SIGCONT)
     out, _ = child.communicate(timeout=120)

@@ -1,13 +1,16 @@
 """The benchmarks' results stay bit-identical to those recorded (tests/fixtures/recorded_results*.json,
 written by tests/recorded_results.py): every metric, per-item value, realized-error statistic,
-token count and response. Recorded at commit b20b749;
-recorded again when the noise generator became kvinject/engine/variates.py, which changed the noisy
-configurations' results and left the others' (none, quant, q8_0) bit-identical; the AVX2 one again
-when chat prompts became the model's own Jinja template (ifeval's prompts gained the template's
-system turn; nexttoken's and perplexity's results bit-identical to the recording before). A CPU's kernels
-round in their own way, so each recording holds for the CPU it was made on: the AVX2 one above
-(recorded_results.json), and an AVX-512/AMX one made at commit eebacc5 (recorded_results.avx512.json),
-which guards from there on without a check against the AVX2 one."""
+token count and response. A CPU's kernels round in their own way, so each recording holds for the
+llama.cpp build and CPU it was made on, which llama.cpp's system string names:
+
+- recorded_results.json, AVX2 (a portable build: AVX2, FMA and F16C, no AVX-512), recorded at
+  efcc7c1 on a 2-core Intel Xeon @ 2.50GHz, numba compiling for Haswell (NUMBA_CPU_NAME). Every
+  token, response and metric equals the AVX2 recording made on an AVX2 machine at d79959d; the
+  realized statistics do not since 86006a7, which decodes a generation step in one decode per run
+  of consecutive sequences (more cache writes, ``sites``, summed in other groups);
+- recorded_results.avx512.json, AVX-512 and VNNI (the native build on that Xeon), at efcc7c1;
+- recorded_results.amx.json, AVX-512 with AMX, made at eebacc5: every token, response and metric
+  equals the AVX-512 recording's; its realized statistics, from before 86006a7, are left out."""
 
 from __future__ import annotations
 

@@ -68,6 +68,7 @@ _terminated = False  # a SIGTERM put off with a Ctrl-C: the stop raised is the S
 # Further signals are ignored until the process ends; SIGKILL still ends it at once.
 _stopped = False
 _raised: KeyboardInterrupt | None = None  # the stop raised last, until it is caught
+_resending: KeyboardInterrupt | None = None  # the swallowed stop a signal is on its way again for
 _WATCH_S = 0.25  # how often a raised stop is looked for in the main thread
 _UNSEEN = 4  # looks that do not find it, one after the other, before it is taken as swallowed
 
@@ -87,8 +88,11 @@ def _in_callback(frame: FrameType | None) -> bool:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    global _resend, _terminated, _stopped
-    if _stopped:
+    global _resend, _terminated, _stopped, _resending
+    # Once stopped, signals are ignored but for the one sent again for a swallowed stop, and that
+    # one only if the stop is still not caught: a slow unwinding can reach its `except` while the
+    # signal is on its way, and the signal would then end the exiting command (status -2).
+    if _stopped and (_resending is None or _raised is not _resending):
         return
     _terminated = _terminated or signum == signal.SIGTERM
     if _in_callback(frame):
@@ -105,7 +109,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _resend is not None:  # this is the interrupt it would send: not a second one during the clean-up
         _resend.cancel()
         _resend = None
-    stop, _terminated, _stopped = (Terminated if _terminated else KeyboardInterrupt)(), False, True
+    stop, _terminated, _stopped, _resending = (Terminated if _terminated else KeyboardInterrupt)(), False, True, None
     _watch(stop, signum)
     raise stop
 
@@ -119,7 +123,6 @@ def _watch(stop: KeyboardInterrupt, signum: int) -> None:
 def _follow(stop: KeyboardInterrupt, signum: int) -> None:
     """Send the signal again if `stop` is no longer on its way (raised, or handled by an `except`,
     `finally` or `with` block) and was not caught: unwinding between blocks takes microseconds."""
-    global _stopped
     unseen = 0
     while unseen < _UNSEEN:
         time.sleep(_WATCH_S)
@@ -128,7 +131,14 @@ def _follow(stop: KeyboardInterrupt, signum: int) -> None:
         handled = sys._current_exceptions().get(threading.main_thread().ident)
         handled = handled[1] if isinstance(handled, tuple) else handled  # Python 3.11: exc_info
         unseen = 0 if handled is not None and _holds(handled, stop) else unseen + 1
-    _stopped = False
+    send_again(stop, signum)
+
+
+def send_again(stop: KeyboardInterrupt, signum: int) -> None:
+    """Send the signal again for ``stop``, which looks swallowed: it raises a new stop unless
+    ``stop`` has been caught by the time it arrives."""
+    global _resending
+    _resending = stop
     _send(signum)
 
 
@@ -153,10 +163,10 @@ def _send(signum: int) -> None:
 def install() -> None:
     """Defer Ctrl-C and SIGTERM out of callbacks, and let only the first stop a command; only over
     Python's default handlers, in the main thread."""
-    global _stopped, _raised
+    global _stopped, _raised, _resending
     if threading.current_thread() is not threading.main_thread():
         return
-    _stopped, _raised = False, None
+    _stopped, _raised, _resending = False, None, None
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_signal)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

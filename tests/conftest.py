@@ -2,12 +2,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
 # Where no GPU is, numba's CUDA simulator runs the device kernels on the CPU (tests/test_device.py);
 # it must be chosen before numba loads. perf/gpu.sh sets 0 on a GPU machine.
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+# A shell starts a background job (`nohup pytest &`, a script's `&`) with Ctrl-C ignored, and the
+# commands the tests start would inherit that: the tests that press Ctrl-C need it delivered.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest
 

@@ -247,3 +247,25 @@ def test_a_stop_on_its_way_or_caught_is_not_sent_again(own_handlers):
     time.sleep(wait)  # caught, outside its `except` block
     kept.append("after")
     assert kept == ["finally", "after"] and interrupts.uncaught(stop.value) is None
+
+
+def test_a_stop_sent_again_and_caught_before_it_came_is_not_raised_again(own_handlers):
+    """The watcher took a stop as swallowed (it unwound for a second on a loaded machine) and sent
+    it again, and the command caught the stop before the signal came: the signal then ended the
+    exiting command, after its one line, with status -2 instead of 130."""
+    with _stop_caught() as stop:
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(5)
+    try:
+        interrupts.send_again(stop.value, signal.SIGINT)
+        time.sleep(0.5)
+    except KeyboardInterrupt:
+        pytest.fail("the stop, caught, was raised again")
+    interrupts.install()  # the next command
+    with _stop_caught():  # not caught: it comes again
+        try:
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt as swallowed:
+            interrupts.send_again(swallowed, signal.SIGINT)
+            time.sleep(5)

@@ -20,9 +20,9 @@ from tests import fuzz_cli, fuzz_files
 from tests.fuzz_exec import execute
 from tests.fuzz_verdict import run_one
 
-SAMPLE = 30  # commands in the plain test run: about a minute on 2 cores
+SAMPLE = 120  # commands in the plain test run: about 40 s on 2 cores
 SAMPLE_SECONDS = 65  # and never more than this (with the fixtures and the files', under 2 minutes)
-FILE_SAMPLE = 2  # changed files of each kind in the plain test run: 8 commands, about 10 s
+FILE_SAMPLE = 6  # changed files of each kind in the plain test run: 24 commands, about 8 s
 FILE_SAMPLE_SECONDS = 25  # and never more than this
 LIMIT_SECONDS = 120  # per command: the smallest sizes take seconds, lm-eval's import 20
 

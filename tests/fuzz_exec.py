@@ -3,7 +3,7 @@ fork server: the modules are loaded once, and a command that leaks, hangs or cra
 interpreter takes only its child with it. The server is a fresh interpreter, not the test
 process: a child forked from a process whose llama.cpp and OpenMP threads ran (any test before
 these in the suite) can wait forever on a lock one of those threads held. The child runs under a
-memory limit (RLIMIT_AS) and a time limit; its standard output and error go to files the
+memory limit (RLIMIT_DATA) and a time limit; its standard output and error go to files the
 parent reads."""
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from pathlib import Path
 
 import kvinject
 
-MEMORY_BYTES = 8 << 30  # address space: numba and llama.cpp reserve more than they touch
+# memory written to (private writable mappings), not address space: V8 in vl-convert (`report
+# --html`) reserves more than 8 GiB it never touches and aborts when it cannot
+MEMORY_BYTES = 8 << 30
 CRASHED = 99  # the child's status for an exception that escaped main()
 _SERVER = multiprocessing.get_context("forkserver")
 # every module: the commands import theirs (scipy, pandas, lm-eval, matplotlib) when they start, and
@@ -59,7 +61,7 @@ def _child(args: list[str], folder: Path, out: Path, err: Path) -> None:
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+        resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_BYTES, MEMORY_BYTES))
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         from kvinject.cli.app import main
 

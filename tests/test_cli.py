@@ -12,6 +12,7 @@ import pytest
 
 from kvinject import __version__
 from kvinject.record_format import RECORD_FORMAT
+from tests import cli_tree, fuzz_cli
 
 
 def kvinject(*args: str) -> subprocess.CompletedProcess:
@@ -59,6 +60,8 @@ def test_errors_lists_every_registered_model():
         (["run", "--bench", "ifeval", "--data", os.devnull], "leaves no item to evaluate"),
         (["generate", "hi", "--ctx", "2"], "do not fit --ctx 2"),
         (["generate", "Hi", "-n", "-3"], "--max-tokens must be at least 1, got -3"),
+        (["divergence", "--error", "none", "--prompt", "Hi", "--max-tokens", "nan"], "error: --max-tokens must be an integer, got 'nan'"),
+        (["divergence", "--error", "none", "--prompt", "Hi", "--max-tokens", "0"], "error: --max-tokens must be at least 1, got 0"),
         (["generate", ""], "the prompt is empty"),
         (["generate", "Hi", "--error", "@f16"], "'@f16': give an error model before the cache types"),
         (["generate", "hi", "--error", "bitflip:0.1,field=exponent,field=sign"], "option 'field' given twice"),
@@ -308,3 +311,26 @@ def test_every_command_refuses_a_format_it_does_not_write(name, arguments):
     """`kvinject info --format bogus` printed the table."""
     out = kvinject(name, *arguments, "--format", "bogus")
     assert out.returncode == 2 and out.stderr.startswith("error: --format must be") and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def verbose_commands() -> list[tuple[str, list[str]]]:
+    """Each command with --verbose, and what asks it for JSON where it writes JSON."""
+    out = []
+    for name, command in cli_tree.commands().items():
+        params = {cli_tree.flag(p): p for p in command.params}
+        if "--verbose" in params:
+            out.append((name, ["--format", "json"] if "json" in (getattr(params.get("--format"), "help", None) or "") else []))
+    return out
+
+
+@pytest.mark.parametrize("command, json_format", verbose_commands())
+def test_verbose_shows_llama_cpp_s_log_on_standard_error_and_leaves_the_output_whole(command, json_format, tmp_path, tiny_path):
+    """--verbose printed llama.cpp's log to standard output, into what --format json writes there."""
+    fuzz_cli.workspace(tmp_path, tiny_path)
+    args = [a for a in fuzz_cli.BASES[command][0] if a != "--dry-run"]  # tune's: the model is loaded
+    argv = [sys.executable, "-m", "kvinject", command, *args, "--verbose", *json_format]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    if json_format:
+        json.loads(out.stdout)
+    assert "llama_model_loader: " in out.stderr and "llama_model_loader: " not in out.stdout

@@ -10,6 +10,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -293,3 +294,65 @@ def test_a_store_stamped_while_it_is_being_identified_opens(tmp_path, monkeypatc
 def stamped_store(path) -> bool:
     with sqlite3.connect(path) as db:
         return db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID and db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+
+
+def test_a_new_store_locked_by_another_process_as_it_is_made_goes_on_in_wal_mode(tmp_path, monkeypatch):
+    """SQLite refuses to change the journal mode while another connection holds the write lock, at
+    once, without the busy wait it gives other statements: a worker that had just stamped a new
+    store, as another worker (or the tests' poll) began a transaction on it, ended with "database
+    is locked", reported as damage. It now waits for the lock."""
+    path = tmp_path / "new.sqlite"
+    connect = sqlite3.connect
+    reader = connect(path, isolation_level=None, check_same_thread=False)
+    timers = []
+
+    class ReadBeforeWal(sqlite3.Connection):
+        def execute(self, sql, *args):
+            if sql == "PRAGMA journal_mode=WAL" and not timers:  # stamped, not yet in WAL mode: the other takes the write lock
+                reader.execute("BEGIN IMMEDIATE")
+                reader.execute("SELECT count(*) FROM runs").fetchone()
+                timers.append(threading.Timer(0.3, reader.execute, ["COMMIT"]))
+                timers[0].start()
+            return super().execute(sql, *args)
+
+    def read_before_wal(*args, **kwargs):
+        return connect(*args, **kwargs, factory=ReadBeforeWal)
+
+    monkeypatch.setattr("kvinject.experiments.store.sqlite3.connect", read_before_wal)
+    try:
+        with Store(path) as store:
+            assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert store.done() == set()
+    finally:
+        timers[0].join()
+        reader.close()
+    assert stamped_store(path)
+
+
+@pytest.mark.parametrize("step", ["open", "claim", "add"])
+def test_a_lock_held_past_the_wait_is_named_as_a_lock(tmp_path, monkeypatch, step):
+    """Another process holding the write lock longer than LOCK_SECONDS (an open sqlite3 shell, a
+    worker stopped with Ctrl-Z): one line that says so, not "damaged" and not a traceback."""
+    monkeypatch.setattr("kvinject.experiments.store.LOCK_SECONDS", 0.2)
+    path = tmp_path / "s.sqlite"
+    Store(path).close()
+    if step == "open":
+        path.unlink()
+        path.touch()
+    store = None if step == "open" else Store(path)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StoreError, match=r"another process has held the store's lock for over 0.2 s \(database is locked\): end it"):
+            if step == "open":
+                Store(path)
+            elif step == "claim":
+                with store.transaction():
+                    store.claim("g", Worker())
+            else:
+                store.add("c", 0, SETTINGS, RECORD)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        if store:
+            store.close()

@@ -54,7 +54,7 @@ def divergence_command(
     Example: kvinject divergence --error none@f16 --error none@f32 --limit 4 --max-tokens 64 --heatmap layers.png
     """
     from ..analysis.plots import divergence_map
-    from ..benchmarks import make_benches
+    from ..benchmarks import bench_class, make_benches
     from ..experiments.divergence import SPANS, bench_prompts, check_bench, divergence, text_prompts
 
     if span not in SPANS:
@@ -72,9 +72,11 @@ def divergence_command(
     benches = None if prompt else make_benches([bench or "gsm8k"], values, [data] if data else [])
     if benches:
         check_bench(benches[0])
+    # --prompt's --max-tokens, checked as a generation bench checks it, before the model loads
+    max_tokens = bench_class("gsm8k").Options.parse({"max_tokens": values["max_tokens"]}, cli=True).max_tokens if prompt and "max_tokens" in values else 64
     check_writable({"--output": output}, figures={"--heatmap": heatmap}, inputs=[data], stdout=["--output"])
     with setup.load() as m:
-        prompts = text_prompts(m, prompt, int(values.get("max_tokens", 64))) if prompt else bench_prompts(m, benches[0])
+        prompts = text_prompts(m, prompt, max_tokens) if prompt else bench_prompts(m, benches[0])
         with progress_bars() as progress:
             task = progress.add_task("divergence", total=len(prompts.tokens) * (1 + len(configs)))
             result = divergence(m, ref, configs, prompts, seed, lambda n: progress.advance(task, n))

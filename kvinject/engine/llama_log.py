@@ -7,6 +7,7 @@ size from them, errors quote the tail) and shows them only with --verbose.
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections import deque
 from contextlib import contextmanager
 from typing import Iterator
@@ -37,7 +38,7 @@ def _log_callback(level: int, text: bytes, _user_data: int) -> None:
     for lines in _Log.captures:
         lines.append(line)
     if _Log.echo:
-        print(line, end="", flush=True)
+        print(line, end="", file=sys.stderr, flush=True)  # standard output is the results (--format json, --csv -)
 
 
 ll.llama_log_set(_log_callback, ctypes.c_void_p(0))

@@ -34,6 +34,7 @@ from .schemas import store_row
 APPLICATION_ID = int.from_bytes(b"kvij", "big")
 SCHEMA_VERSION = 1  # runs.worker and the claims table; the unstamped stores of earlier versions have neither
 SQLITE_MAGIC = b"SQLite format 3\x00"
+LOCK_SECONDS = 60.0  # how long a worker waits for another's lock on the store before it gives up
 UNSTAMPED_COLUMNS = ["cell", "run", "settings", "record", "created"]  # runs of an unstamped store
 
 # The runs table as earlier versions made it, then what schema 1 adds: a new store is made the
@@ -113,7 +114,7 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         target = f"{self.path.resolve().as_uri()}?mode=ro" if readonly else str(path)
         with self._errors():
-            self._db = sqlite3.connect(target, uri=readonly, timeout=60, isolation_level=None)
+            self._db = sqlite3.connect(target, uri=readonly, timeout=LOCK_SECONDS, isolation_level=None)
             try:
                 self.unstamped = self._open(readonly)
             except BaseException:
@@ -143,9 +144,24 @@ class Store:
                     self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                     for statement in ([RUNS] if kind == "empty" else []) + UPGRADE:
                         self._db.execute(statement)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._wal()
         self._db.execute("PRAGMA synchronous=FULL")  # a finished run is on disk before the next starts
         return False
+
+    def _wal(self) -> None:
+        """WAL mode, so that readers and workers do not block each other. SQLite refuses to change
+        the journal mode while another connection holds the write lock, at once, without the busy
+        wait it gives other statements: a worker that made a new store as another began a
+        transaction on it tries again."""
+        deadline = time.monotonic() + LOCK_SECONDS
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if e.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def _identify(self, readonly: bool) -> str:
         """'store', 'unstamped' (an earlier version's store) or 'empty'; a StoreError for anything else."""
@@ -168,10 +184,15 @@ class Store:
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
-        """SQLite's errors on a damaged file as one line naming it."""
+        """SQLite's errors as one line naming the file: a lock another process held too long, or a damaged file."""
         try:
             yield
         except sqlite3.DatabaseError as e:
+            if e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                raise StoreError(
+                    f"{self.path}: another process has held the store's lock for over {LOCK_SECONDS:g} s ({e}): "
+                    "end it (an open sqlite3 shell, a kvinject stopped with Ctrl-Z) and run again"
+                ) from None
             raise StoreError(f"{self.path}: damaged or unreadable results store ({e})") from None
 
     def close(self) -> None:
@@ -187,14 +208,15 @@ class Store:
     def transaction(self) -> Iterator[None]:
         """BEGIN IMMEDIATE: holds the write lock from the first read, so what is read (the done
         runs, the claims) is still true when the claim is written."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            if self._db.in_transaction:  # SQLite rolls back some failures itself
-                self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        with self._errors():
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                if self._db.in_transaction:  # SQLite rolls back some failures itself
+                    self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def done(self) -> set[tuple[str, int]]:
         with self._errors():
@@ -203,10 +225,11 @@ class Store:
     def add(self, cell: str, run: int, settings: dict[str, Any], record: dict[str, Any], worker: Worker | None = None) -> bool:
         """Insert one finished run, stamped with its record format; False when it was already
         there (another process, a resume)."""
-        cursor = self._db.execute(
-            "INSERT OR IGNORE INTO runs (cell, run, settings, record, worker) VALUES (?, ?, ?, ?, ?)",
-            (cell, run, json.dumps(clean(settings), sort_keys=True), json.dumps(clean(stamp(record))), worker and str(worker)),
-        )
+        with self._errors():
+            cursor = self._db.execute(
+                "INSERT OR IGNORE INTO runs (cell, run, settings, record, worker) VALUES (?, ?, ?, ?, ?)",
+                (cell, run, json.dumps(clean(settings), sort_keys=True), json.dumps(clean(stamp(record))), worker and str(worker)),
+            )
         return cursor.rowcount == 1
 
     def record(self, cell: str, run: int) -> dict[str, Any] | None:
@@ -248,9 +271,10 @@ class Store:
 
     def release(self, worker: Worker, group: str | None = None) -> None:
         """Drop the worker's claim on the group, or all its claims."""
-        self._db.execute(
-            "DELETE FROM claims WHERE host = ? AND pid = ? AND token = ? AND (? IS NULL OR grp = ?)", (worker.host, worker.pid, worker.token, group, group)
-        )
+        with self._errors():
+            self._db.execute(
+                "DELETE FROM claims WHERE host = ? AND pid = ? AND token = ? AND (? IS NULL OR grp = ?)", (worker.host, worker.pid, worker.token, group, group)
+            )
 
     @contextmanager
     def heartbeat(self, worker: Worker, every: float) -> Iterator[None]:
@@ -259,7 +283,7 @@ class Store:
         stop = threading.Event()
 
         def beat() -> None:
-            db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            db = sqlite3.connect(self.path, timeout=LOCK_SECONDS, isolation_level=None)
             try:
                 while not stop.wait(every):
                     try:

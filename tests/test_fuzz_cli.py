@@ -4,9 +4,9 @@ files kvinject reads (tests/fuzz_files.py: grids, stores, run files, run folders
 key, row or field at a time, read by the commands that read them and judged the same way.
 
 The plain test run takes a bounded, fixed sample of each; `pytest -m fuzz` runs
-KVINJECT_FUZZ_COMMANDS (default 20,000) commands (from number KVINJECT_FUZZ_FROM, to run it in
-pieces), then every changed file (KVINJECT_FUZZ_FILES of them where set), and writes each finding
-to KVINJECT_FUZZ_LOG (default fuzz-findings.log)."""
+KVINJECT_FUZZ_COMMANDS (default 20,000) commands, then every changed file (KVINJECT_FUZZ_FILES
+of them where set), each from number KVINJECT_FUZZ_FROM (to run them in pieces), and writes each
+finding to KVINJECT_FUZZ_LOG (default fuzz-findings.log)."""
 
 from __future__ import annotations
 
@@ -134,9 +134,10 @@ def test_the_long_run(template, tmp_path):
 def test_the_long_run_of_files(template, tmp_path):
     cases = fuzz_files.sample(template, seed=int(os.environ.get("KVINJECT_FUZZ_SEED", "0")))
     assert unread([c for c in cases if c.change.endswith("as it is")], template, tmp_path / "w") == []  # the examples cut to the smallest sizes too
-    cases = cases[: int(os.environ.get("KVINJECT_FUZZ_FILES", len(cases)))]
+    first = int(os.environ.get("KVINJECT_FUZZ_FROM", "0"))
+    cases = cases[first : int(os.environ.get("KVINJECT_FUZZ_FILES", len(cases)))]
     results = ((f"{c.kind} {c.change}\tkvinject {' '.join(c.args)}", run_one(c.args, template, tmp_path / "w", LIMIT_SECONDS, c.prepare)) for c in cases)
-    logged(results, "changed files read")
+    logged(results, "changed files read", first)
 
 
 def logged(results, noun: str, first: int = 0) -> None:

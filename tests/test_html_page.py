@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import math
 import re
+import resource
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from kvinject.analysis import page_figures
-from kvinject.analysis.html_page import html_page
+from kvinject.analysis.html_page import ADDRESS_SPACE, html_page
 from kvinject.analysis.page_data import page_data
 from kvinject.analysis.report import load_records, summarize
 
@@ -98,6 +101,26 @@ def test_a_page_that_cannot_be_written_or_beside_a_board_fails_before_any_work()
     out = kvinject("report", STORES[0], "--board", "--html", "study.html")
     assert out.returncode == 2 and "--board prints a board of its own: give --html in another report" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _address_space(limit: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def test_an_address_space_limit_too_small_for_vl_convert_is_refused_before_any_work(tmp_path):
+    """Under `ulimit -v` of 16 GiB, vl-convert's engine aborted the report with a C stack trace."""
+    page = tmp_path / "study.html"
+    argv = [sys.executable, "-m", "kvinject", "report", str(STORES[0]), "--html", str(page)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, preexec_fn=_address_space(16 << 30))
+    assert out.returncode == 2 and out.stderr.startswith("error: --html runs vl-convert") and "limit of 16 GiB (ulimit -v)" in out.stderr, out.stderr
+    assert not page.exists() and out.stdout == ""
+
+
+def test_vl_convert_runs_in_the_address_space_the_check_asks_for():
+    """ADDRESS_SPACE is measured: a vl-convert that reserves more makes the check too lenient."""
+    code = "from kvinject.analysis.html_page import _bundle; print(len(_bundle()))"  # the page's own call
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, preexec_fn=_address_space(ADDRESS_SPACE))
+    assert out.returncode == 0 and int(out.stdout) > 100_000, out.stderr[:500]
 
 
 def _page_data(path: Path) -> dict:

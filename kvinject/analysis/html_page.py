@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,14 @@ import pandas as pd
 
 from ..exceptions import KvinjectError
 from .page_data import page_data
-from .page_figures import figures
+from .page_figures import NEEDS, figures
 from .tables import NOTHING_NOTE
 
 HERE = Path(__file__).resolve().parent
+# vl-convert's JavaScript engine (V8) reserves 64 GiB of address space as it starts and aborts the
+# process, a C stack trace and no message, where it cannot: vl-convert-python 1.9 ran under
+# `ulimit -v` of 72 GiB and aborted at 64 (2026-11-28, 2-core Xeon)
+ADDRESS_SPACE = 72 << 30
 INLINED = ("manifest", "rows", "columns", "items")  # what the page's script reads; the figures carry their own cells
 
 TEMPLATE = """<!DOCTYPE html>
@@ -51,6 +56,7 @@ over items, percent of control with its paired interval, the paired test's p and
 
 def html_page(records: list[dict[str, Any]], df: pd.DataFrame, stores: list[Path], metric: str | None = None) -> str:
     """The page of ``records`` (``df``: their summary, report.summarize) read from ``stores``."""
+    check_html()
     data = page_data(records, df, stores, metric)
     names = ", ".join(Path(str(s["path"])).name for s in data["manifest"]["stores"])
     return TEMPLATE.format(
@@ -76,12 +82,26 @@ def _inline(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
 
 
+def check_html() -> None:
+    """What --html needs, checked before any store is read: altair and vl-convert, and the
+    address space vl-convert's engine reserves."""
+    try:
+        import altair  # noqa: F401
+        import vl_convert  # noqa: F401
+    except ImportError:
+        raise KvinjectError(NEEDS) from None
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if limit != resource.RLIM_INFINITY and limit < ADDRESS_SPACE:
+        raise KvinjectError(
+            f"--html runs vl-convert, whose JavaScript engine reserves 64 GiB of address space and aborts under this process's "
+            f"limit of {limit / 2**30:.3g} GiB (ulimit -v): raise it to {ADDRESS_SPACE >> 30} GiB or more (ulimit -v unlimited) and run again"
+        )
+
+
 def _bundle() -> str:
     """Vega, Vega-Lite and vega-embed in one script, for the Vega-Lite version Altair writes."""
-    try:
-        import altair as alt
-        import vl_convert
-    except ImportError:
-        raise KvinjectError("--html needs altair and vl-convert-python: pip install 'kvinject[html]'") from None
+    import altair as alt
+    import vl_convert
+
     version = "v" + "_".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
     return vl_convert.javascript_bundle(vl_version=version)

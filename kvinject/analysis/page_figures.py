@@ -12,13 +12,14 @@ from ..exceptions import KvinjectError
 
 WIDTH, HEIGHT = 260, 200  # a panel's size in pixels
 COLUMNS = 3  # panels a row
+NEEDS = "--html needs altair and vl-convert-python: pip install 'kvinject[html]'"
 
 
 def _altair() -> Any:
     try:
         import altair as alt
     except ImportError:
-        raise KvinjectError("--html needs altair and vl-convert-python: pip install 'kvinject[html]'") from None
+        raise KvinjectError(NEEDS) from None
     return alt
 
 

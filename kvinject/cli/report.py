@@ -113,6 +113,10 @@ def report(
     figures = {"--plot": plot, "--heatmap": heatmap, "--frontier": frontier, "--outcomes": outcomes, "--html": page}
     check_writable({"--html": page}, figures={k: v for k, v in figures.items() if k != "--html"}, inputs=stores)
     check_fit(fit_per_mbit, ctx, faults)
+    if page:
+        from ..analysis.html_page import check_html
+
+        check_html()
     records = select(load_records(stores), filters)
     if board:
         others = [flag for flag, given in (("--faults", faults), ("--metric", metric), ("--all-metrics", all_metrics), ("--plot", plot)) if given]

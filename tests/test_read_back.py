@@ -131,7 +131,8 @@ def test_what_the_file_fuzzer_found_is_refused_in_one_line(made, tmp_path):
     for at, broken, why in (
         (("meta", "configurations", 1, "cache"), [], "meta.configurations[1].cache: [] is not an object"),
         (("meta", "configurations", 1, "error"), "bogus:1", "meta.configurations[1]: no configuration"),
-        (("records", 1, "items", "accuracy", 0), 2, "records[1].items.accuracy[0]: 2 is no pass/fail score (0 to 1)"),
+        (("records", 1, "items", "accuracy", 0), 2, "records[1].items.accuracy[0]: 2 is no pass/fail score (0 or 1)"),
+        (("records", 1, "items", "accuracy", 0), 0.5, "records[1].items.accuracy[0]: 0.5 is no pass/fail score (0 or 1)"),
         (("records", 1, "items", "accuracy", 0), -1, "records[1].items.accuracy[0]: -1 is no pass/fail score"),
         (("records", 1, "metrics", "bits"), 10**20, "records[1].metrics.bits: 100000000000000000000 is not a number"),
     ):
@@ -140,7 +141,8 @@ def test_what_the_file_fuzzer_found_is_refused_in_one_line(made, tmp_path):
         assert code == 2 and said.startswith(f"{edited}: not a file written by kvinject run --output") and why in said, said
     store = tmp_path / "s.results.sqlite"
     for update, why in (
-        ("record = json_set(record, '$.items.accuracy[0]', 2)", "record.items.accuracy[0]: 2 is no pass/fail score (0 to 1)"),
+        ("record = json_set(record, '$.items.accuracy[0]', 2)", "record.items.accuracy[0]: 2 is no pass/fail score (0 or 1)"),
+        ("record = json_set(record, '$.items.accuracy[0]', 0.5)", "record.items.accuracy[0]: 0.5 is no pass/fail score (0 or 1)"),
         ("record = json_set(record, '$.realized', json('{}'))", "record.realized.k is missing"),
         ("record = json_set(record, '$.realized.k.changed', json('[]'))", "record.realized.k.changed: [] is not an integer"),
         ("record = json_set(record, '$.faults', json('[1]'))", "record.faults[0]: 1 is not a list"),

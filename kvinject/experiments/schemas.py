@@ -164,7 +164,8 @@ def _meaning(settings: dict[str, Any], where: str) -> str | None:
 
 def _items(bench: str, record: dict[str, Any], where: str) -> str | None:
     """One value (tokens, faults) per item in each of the record's lists, and a pass/fail item's
-    score within 0 to 1 (its interval counts the passes among the items)."""
+    score 0 or 1 (its interval counts the passes among the items, its paired test the items
+    that changed)."""
     items = record["items"]
     lengths = {f"items.{k}": len(v) for k, v in items.items()} | {k: len(record[k]) for k in ("outputs", "faults") if record.get(k) is not None}
     if len(set(lengths.values())) > 1:
@@ -173,8 +174,8 @@ def _items(bench: str, record: dict[str, Any], where: str) -> str | None:
         return f"{where}.outputs is missing beside its faults"
     for metric in sorted(BENCHMARKS[bench].binary & set(items)):
         for i, value in enumerate(items[metric]):
-            if value is not None and not 0 <= value <= 1:
-                return f"{where}.items.{metric}[{i}]: {value} is no pass/fail score (0 to 1)"
+            if value is not None and value not in (0, 1):
+                return f"{where}.items.{metric}[{i}]: {value} is no pass/fail score (0 or 1)"
     return _outcomes(items, where)
 
 

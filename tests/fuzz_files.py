@@ -160,6 +160,19 @@ def changed(value: Any, at: tuple, new: Any) -> Any:
     return value
 
 
+def swapped(value: Any, other: Any) -> Iterator[tuple[tuple, Any]]:
+    """Each field of ``value`` with ``other``'s value of it where that differs: a record whose
+    fields contradict one another (another run's label, control flag or items), as no change of
+    one field to a value of another type makes."""
+    for at in key_paths(value):
+        try:
+            theirs = _get(other, at)
+        except (KeyError, IndexError, TypeError):
+            continue
+        if theirs != _get(value, at):
+            yield at, theirs
+
+
 def _write(name: str, text: str | bytes, folder: Path) -> None:
     path = folder / name
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
@@ -230,7 +243,7 @@ def _store_bytes(cut: Callable[[bytes], bytes], folder: Path) -> None:
 
 def store_changes(template: Path) -> Iterator[tuple[str, Callable[[Path], None]]]:
     """One row's settings or record at a time: its text damaged, then each field removed or
-    given each JSON value; each row's own columns; a column or table gone; the file cut short
+    given each JSON value or the other row's value of it; each row's own columns; a column or table gone; the file cut short
     or not SQLite."""
     yield "the store as it is", partial(_store_sql, "SELECT 1", ())
     with sqlite3.connect(f"file:{template / STORE}?mode=ro", uri=True) as db:
@@ -245,6 +258,10 @@ def store_changes(template: Path) -> Iterator[tuple[str, Callable[[Path], None]]
                 for new in JSON_VALUES:
                     update = partial(_store_sql, f"UPDATE runs SET {column} = ? WHERE rowid = ?", (json.dumps(changed(document, at, new)), rowid))
                     yield f"row {rowid} {column}.{'.'.join(map(str, at))} = {new!r}", update
+            for other, *theirs in rows:
+                for at, new in swapped(document, json.loads(dict(zip(("settings", "record"), theirs))[column])) if other != rowid else ():
+                    update = partial(_store_sql, f"UPDATE runs SET {column} = ? WHERE rowid = ?", (json.dumps(changed(document, at, new)), rowid))
+                    yield f"row {rowid} {column}.{'.'.join(map(str, at))} = row {other}'s", update
         for column in ("cell", "run", "created", "worker"):
             for new in COLUMN_VALUES:
                 yield f"row {rowid} {column} = {new!r}", partial(_store_sql, f"UPDATE OR IGNORE runs SET {column} = ? WHERE rowid = ?", (new, rowid))
@@ -288,7 +305,19 @@ def _read_json(name: str, folder: Path) -> Any:
 
 def run_file_cases(template: Path) -> Iterator[Case]:
     shape = _read_json(RUN_FILE, template)
-    yield from _cases("run file", RUN_FILE_COMMANDS, json_changes(RUN_FILE, shape, partial(_read_json, RUN_FILE)))
+    yield from _cases("run file", RUN_FILE_COMMANDS, [*json_changes(RUN_FILE, shape, partial(_read_json, RUN_FILE)), *_swaps(shape)])
+
+
+def _swaps(shape: dict[str, Any]) -> Iterator[tuple[str, Callable[[Path], None]]]:
+    """Each record's and each configuration's fields given another's, one at a time."""
+    read = partial(_read_json, RUN_FILE)
+    for key in (("records",), ("meta", "configurations")):
+        entries = _get(shape, key)
+        for i, mine in enumerate(entries):
+            for j, theirs in enumerate(entries):
+                for at, new in swapped(mine, theirs) if i != j else ():
+                    where = (*key, i, *at)
+                    yield f"{RUN_FILE} {'.'.join(map(str, where))} = {'.'.join(key)}[{j}]'s", partial(_json_field, RUN_FILE, read, where, new)
 
 
 def make_folder(submitted: bool, folder: Path) -> dict[str, Any]:

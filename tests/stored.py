@@ -11,4 +11,4 @@ SETTINGS = {
     "options": {},
     "model_sha256": "0" * 64,
 }
-RECORD = {"label": "none", "metrics": {}, "items": {}, "realized": {"k": {}, "v": {}}, "nonfinite_items": 0}
+RECORD = {"label": "none", "metrics": {}, "items": {"accuracy": []}, "realized": {"k": {}, "v": {}}, "nonfinite_items": 0}

@@ -312,7 +312,7 @@ def test_long_prompts_share_fewer_sequences_unless_parallel_is_given(tiny_path):
 
 
 def _record(store: Store, label: str, run: int, metrics: dict[str, float]) -> None:
-    settings = {**SETTINGS, "bench": "passkey", "model": "m", "options": {"lengths": [1024, 2048], "samples": 1}}
+    settings = {**SETTINGS, "bench": "passkey", "error": label, "model": "m", "options": {"lengths": [1024, 2048], "samples": 1}}
     store.add(f"{label}-cell", run, settings, {**RECORD, "label": label, "run": run, "metrics": metrics})
 
 

@@ -169,3 +169,83 @@ def test_what_the_file_fuzzer_found_is_refused_in_one_line(made, tmp_path):
     (folder / "run.json").write_text(json.dumps(saved))
     code, said = invoke(["sweep", folder, "--status"])
     assert code == 2 and said.startswith(f"{folder / 'run.json'}: damaged (tasks: 100000000000000000000 is not a number of array tasks (1 to 10000))"), said
+
+
+def test_a_record_is_refused_whose_label_or_items_its_configuration_contradicts(made, tmp_path):
+    """A stored record's label edited ('x', '') ended report in a KeyError on the control's label
+    or the configuration's; a record without its items (or, not the control, without its
+    outcomes) ended replay in a KeyError on 'masked'."""
+    store = tmp_path / "s.results.sqlite"
+    control, other = "json_extract(settings, '$.control')", "NOT json_extract(settings, '$.control')"
+    outcomes = "record.items: masked, benign, sdc, due are missing from a run classified against its control"
+    for update, row, why in (
+        ("record = json_set(record, '$.label', 'x')", control, 'record.label: "x" is not its configuration\'s label "none"'),
+        ("record = json_set(record, '$.label', '')", other, 'record.label: "" is not its configuration\'s label "normal:0,0.5"'),
+        ("settings = json_set(settings, '$.label', 'none')", other, 'settings.label: "none" is not its configuration\'s label "normal:0,0.5"'),
+        ("record = json_set(record, '$.items', json('{}'))", other, "record.items.accuracy is missing"),
+        ("record = json_set(record, '$.items', json_object('accuracy', json_extract(record, '$.items.accuracy')))", other, outcomes),
+    ):
+        shutil.copy(made / "s.results.sqlite", store)
+        with contextlib.closing(sqlite3.connect(store)) as db, db:
+            assert db.execute(f"UPDATE runs SET {update} WHERE {row}").rowcount == 1
+        for args in (["report", store, "--format", "json"], ["replay", store, "--item", "0"]):
+            code, said = invoke(args)
+            assert code == 2 and f"is damaged ({why})" in said, (args, said)
+    # the same without outcomes, in the control's row, is a control's record as sweep writes it
+    shutil.copy(made / "s.results.sqlite", store)
+    with contextlib.closing(sqlite3.connect(store)) as db, db:
+        assert db.execute(f"SELECT count(*) FROM runs WHERE {control} AND json_extract(record, '$.items.masked') IS NULL").fetchone() == (1,)
+    assert invoke(["report", store])[0] == 0
+    document = json.loads((made / "r.json").read_text())
+    edited = tmp_path / "r.json"
+    for at, broken, why in (
+        (("meta", "configurations", 1, "label"), "x", 'meta.configurations[1].label: "x" is not its configuration\'s label "normal:0,0.5"'),
+        (("records", 1, "items"), {}, "records[1].items.accuracy is missing"),
+        (("records", 1, "items"), {"accuracy": document["records"][1]["items"]["accuracy"]}, outcomes.replace("record.", "records[1].")),
+    ):
+        edited.write_text(json.dumps(changed(document, at, broken)))
+        code, said = invoke(["report", edited])
+        assert code == 2 and f"{edited}: not a file written by kvinject run --output, or edited since ({why})" in said, said
+
+
+def first_items(record: dict[str, Any]) -> dict[str, Any]:
+    """The record cut to its first item, each of its lists alike (a well-formed record of one item)."""
+    cut = {**record, "items": {k: v[:1] for k, v in record["items"].items()}}
+    return cut | {k: record[k][:1] for k in ("outputs", "faults") if record.get(k) is not None}
+
+
+def test_runs_of_one_experiment_that_score_different_items_are_refused(made, tmp_path):
+    """A stored run cut to fewer items than its control's ended report in the paired test's
+    ValueError ("control and treated must score the same items") and a resumed sweep in
+    classify's zip() ValueError."""
+    store = tmp_path / "s.results.sqlite"
+    shutil.copy(made / "s.results.sqlite", store)
+    with contextlib.closing(sqlite3.connect(store)) as db, db:
+        rowid, text = db.execute("SELECT rowid, record FROM runs WHERE NOT json_extract(settings, '$.control')").fetchone()
+        db.execute("UPDATE runs SET record = ? WHERE rowid = ?", (json.dumps(first_items(json.loads(text))), rowid))
+    why = "runs of one model, bench (nexttoken), options and seed hold different numbers of items, which no test can pair: 2 in "
+    for args in (["report", store], ["sweep", made / "g.toml", "--store", store, "--dry-run"]):
+        code, said = invoke(args)
+        assert code == 2 and said.startswith(why) and "1 in " in said and "\n" not in said.strip(), (args, said)
+    document = json.loads((made / "r.json").read_text())
+    document["records"][1] = first_items(document["records"][1])
+    edited = tmp_path / "r.json"
+    edited.write_text(json.dumps(document))
+    for args in (["report", edited], ["report", edited, made / "s.results.sqlite"]):
+        code, said = invoke(args)
+        assert code == 2 and said.startswith(why) and f"1 in {edited}: normal:0,0.5 run 0." in said, said
+
+
+def test_a_sweep_refuses_a_stored_control_whose_data_has_changed_since(tiny_path, tmp_path):
+    """A bench's data file grown after its control was stored (same options) ended the resumed
+    sweep in classify's zip() ValueError; it is refused before the first decode."""
+    data = tmp_path / "d.txt"
+    data.write_text("The cat sat on the mat. " * 8)
+    grid = tmp_path / "g.toml"
+    grid.write_text(f'[sweep]\nruns = 1\nmodels = ["{tiny_path}"]\n[bench.nexttoken]\ndata = "{data}"\n[[errors]]\nspec = "normal:0,0.5"\n')
+    store = tmp_path / "s.results.sqlite"
+    assert invoke(["sweep", grid, "--store", store])[0] == 0
+    data.write_text("The cat sat on the mat. " * 20)
+    grid.write_text(grid.read_text() + '[[errors]]\nspec = "normal:0,0.25"\n')
+    code, said = invoke(["sweep", grid, "--store", store])
+    assert code == 2 and said.startswith("nexttoken: the control's stored run scored ") and "the data changed since the store was written" in said, said

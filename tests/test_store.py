@@ -40,7 +40,7 @@ def sha(path):
 def make_store(path, records=8):
     with Store(path) as store:
         for i in range(records):
-            store.add(f"cell{i}", 0, {**SETTINGS, "i": i}, {**RECORD, "items": {"x": list(range(300))}})
+            store.add(f"cell{i}", 0, {**SETTINGS, "i": i}, {**RECORD, "items": {"accuracy": [n % 2 for n in range(300)]}})
     return path
 
 

@@ -16,6 +16,7 @@ from ..benchmarks.options import Options
 from ..engine.positions import Positions
 from ..error_models import parse_error
 from ..exceptions import KvinjectError
+from ..experiments.schemas import row_name, same_items
 from ..experiments.store import Store
 from .aggregate import aggregate
 from .run_output import output_records, record_result
@@ -41,16 +42,17 @@ def store_paths(paths: list[Path]) -> list[Path]:
 def load_records(paths: list[Path]) -> list[dict[str, Any]]:
     """Every record of every store (a folder: the stores in it) and of every ``kvinject run
     --output`` file (``.json``), each (cell, run) once. Stores are opened read-only."""
-    seen: dict[tuple[str, int], dict[str, Any]] = {}
+    seen: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
     for path in store_paths(paths):
         if path.suffix == ".json":
-            records = output_records(path)
+            records = [(f"{path}: {r['label']} run {r['run']}", r) for r in output_records(path)]
         else:
             with Store(path, readonly=True) as store:
-                records = list(store.records())
-        for record in records:
-            seen.setdefault((record["cell"], record["run"]), record)
-    return list(seen.values())
+                records = [(row_name(path, r["cell"], r["run"]), r) for r in store.records()]
+        for where, record in records:
+            seen.setdefault((record["cell"], record["run"]), (where, record))
+    same_items(seen.values())
+    return [record for _, record in seen.values()]
 
 
 def _flat(record: dict[str, Any]) -> dict[str, Any]:

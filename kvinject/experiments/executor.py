@@ -45,6 +45,11 @@ def _generate(bench: GenerationBenchmark, model: Model, plan: Plan, seed: int, p
             f"{bench.name}: the longest prompt is {longest} tokens, and with {max_tokens} to generate it needs {per_seq}, more than "
             f"{model.path.name}'s training context of {model.n_ctx_train}: shorten the prompts (fewer shots, shorter data) or --max-tokens"
         )
+    if golden is not None and len(golden.outputs) != len(prompts):  # its items are paired with these, one by one
+        raise DataError(
+            f"{bench.name}: the control's stored run scored {len(golden.outputs)} items, and its data now gives {len(prompts)}: the data changed "
+            "since the store was written; restore it, or sweep into a new store"
+        )
     named = {n for c, _ in plan if c.target.positions is not None for n in c.target.positions.names}
     named |= {r.breaks_at for c, _ in plan if (r := c.error.resident) is not None and r.breaks_at}
     spans = bench.item_spans(model) if named - set(GENERATION_SPANS) else None

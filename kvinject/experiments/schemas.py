@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..benchmarks import BENCHMARKS
+from ..benchmarks.base import GenerationBenchmark
 from ..benchmarks.outcomes import METRICS as OUTCOMES
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
@@ -122,14 +124,23 @@ def store_row(path: Path, cell: str, run: int, settings: Any, record: Any) -> di
     parsed_settings, why = _parse(settings, "settings")
     parsed_record, why_record = _parse(record, "record")
     why = why or why_record or problem(parsed_settings, SETTINGS, "settings") or problem(parsed_record, RECORD, "record")
-    why = why or _meaning(parsed_settings, "settings") or _items(parsed_settings["bench"], parsed_record, "record") or _row(cell, run, parsed_record)
+    why = why or _meaning(parsed_settings, "settings") or _row(cell, run, parsed_record)
+    if why is None:
+        labels = {"record.label": parsed_record["label"]} | ({"settings.label": parsed_settings["label"]} if "label" in parsed_settings else {})
+        why = next((p for where, label in labels.items() if (p := _label(parsed_settings, label, where))), None)
+        why = why or _items(parsed_settings["bench"], parsed_record, "record", parsed_settings.get("control"))
     if why:
         delete = f"DELETE FROM runs WHERE cell = {_literal(cell)} AND run = {_literal(run)}"
         raise DamagedError(
-            f"{path}: the run stored as cell {str(cell)[:12]}, run {run} is damaged ({why}): delete it "
+            f"{row_name(path, cell, run)} is damaged ({why}): delete it "
             f'(sqlite3 {shlex.quote(str(path))} "{delete}") and the sweep that wrote it computes it again'
         )
     return {"cell": cell, "run": run, "settings": parsed_settings, **parsed_record}
+
+
+def row_name(path: Path, cell: Any, run: Any) -> str:
+    """How a message names a store's row."""
+    return f"{path}: the run stored as cell {str(cell)[:12]}, run {run}"
 
 
 def _literal(value: Any) -> str:
@@ -162,11 +173,25 @@ def _meaning(settings: dict[str, Any], where: str) -> str | None:
     return None
 
 
-def _items(bench: str, record: dict[str, Any], where: str) -> str | None:
+def _label(settings: dict[str, Any], label: Any, where: str) -> str | None:
+    """A label that is not its configuration's (``Configuration.label``), by which report groups
+    the runs and finds the control, in well-formed settings (:func:`_meaning`)."""
+    own = Configuration.from_dict(settings).label
+    return None if label == own else f"{where}: {json.dumps(label)[:60]} is not its configuration's label {json.dumps(own)}"
+
+
+def _items(bench: str, record: dict[str, Any], where: str, control: bool | None) -> str | None:
     """One value (tokens, faults) per item in each of the record's lists, and a pass/fail item's
     score 0 or 1 (its interval counts the passes among the items, its paired test the items
-    that changed)."""
+    that changed). A generation bench's record holds its headline score per item (a later run
+    is classified against it), and one that is not the control's (``control`` False; None:
+    unknown) and holds its tokens was classified against the control: it holds the outcomes."""
     items = record["items"]
+    if issubclass(BENCHMARKS[bench], GenerationBenchmark):
+        if (primary := BENCHMARKS[bench].primary) not in items:
+            return f"{where}.items.{primary} is missing"
+        if control is False and "outputs" in record and not OUTCOMES.keys() & items.keys():
+            return f"{where}.items: {', '.join(OUTCOMES)} are missing from a run classified against its control"
     lengths = {f"items.{k}": len(v) for k, v in items.items()} | {k: len(record[k]) for k in ("outputs", "faults") if record.get(k) is not None}
     if len(set(lengths.values())) > 1:
         return f"{where}: its lists hold different numbers of items ({', '.join(f'{k} {n}' for k, n in lengths.items())})"
@@ -191,6 +216,25 @@ def _outcomes(items: dict[str, list[Any]], where: str) -> str | None:
     return None
 
 
+def same_items(records: Iterable[tuple[str, dict[str, Any]]]) -> None:
+    """Records of one model, bench, options and seed score the same items: the paired test, the
+    fault outcomes and replay pair them item by item. ``records``: each where it was read (file,
+    row) with the record as read (its ``settings`` beside it). One that holds another number of
+    items than the first of its kind is refused, with both named."""
+    first: dict[str, tuple[str, int]] = {}
+    for where, record in records:
+        lists = [*record["items"].values(), *(record[k] for k in ("outputs",) if record.get(k) is not None)]
+        if not lists:
+            continue
+        s = record["settings"]
+        seen = first.setdefault(json.dumps([s["model_sha256"], s["bench"], s["options"], s["seed"]], sort_keys=True), (where, len(lists[0])))
+        if seen[1] != len(lists[0]):
+            raise DamagedError(
+                f"runs of one model, bench ({s['bench']}), options and seed hold different numbers of items, which no test can pair: {seen[1]} in "
+                f"{seen[0]}, {len(lists[0])} in {where}. One was edited or made from other data: delete it (a sweep computes it again), or report them apart"
+            )
+
+
 def run_file(path: Path, data: Any) -> None:
     """A ``kvinject run --output`` document, refused if it is not as kvinject wrote it: each
     record's fields, and its bench and configuration among those its meta names."""
@@ -201,8 +245,10 @@ def run_file(path: Path, data: Any) -> None:
     why = problem(data, RUN_FILE)
     if why is None:
         meta = data["meta"]
-        why = next((p for i, c in enumerate(meta["configurations"]) if (p := _meaning(c, f"meta.configurations[{i}]"))), None)
+        configurations = {f"meta.configurations[{i}]": c for i, c in enumerate(meta["configurations"])}
+        why = next((p for where, c in configurations.items() if (p := _meaning(c, where) or _label(c, c["label"], f"{where}.label"))), None)
         labels = {c["label"] for c in meta["configurations"]}
+        control_label = meta["configurations"][0]["label"] if meta["configurations"] else None  # run_output.py reads the first as the control
         benches = set(meta["options"])
         for i, record in enumerate(data["records"]):
             if why:
@@ -216,7 +262,7 @@ def run_file(path: Path, data: Any) -> None:
             elif record["bench"] not in BENCHMARKS:
                 why = f"records[{i}].bench: '{record['bench']}' is no benchmark"
             else:
-                why = _items(record["bench"], record, f"records[{i}]")
+                why = _items(record["bench"], record, f"records[{i}]", record["label"] == control_label)
     if why:
         raise DamagedError(f"{path}: not a file written by kvinject run --output, or edited since ({why}); write it again with the same kvinject run")
 

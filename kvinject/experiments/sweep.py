@@ -17,6 +17,7 @@ from ..exceptions import KvinjectError, SpecError
 from .campaign import campaign_runs
 from .executor import evaluate
 from .grid import Cell, Grid, GridError, option_items
+from .schemas import row_name, same_items
 from .store import Claim, Store, Worker
 
 # progress(name, total) makes a progress bar and returns its advance(n).
@@ -118,8 +119,8 @@ class Sweep:
         """What is left of every cell; a cell the model cannot run (--layers or --heads beyond its own)
         fails here, before anything runs, as does a damaged run in the store (which a report could not read)."""
         if not self._rows_checked:
-            for _ in self.store.records():  # each row read as a report reads it: refused if damaged
-                pass
+            # each row read as a report reads it: refused if damaged
+            same_items((row_name(self.store.path, r["cell"], r["run"]), r) for r in self.store.records())
             self._rows_checked = True
         done = self.store.done()
         out = []

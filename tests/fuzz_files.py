@@ -243,8 +243,8 @@ def _store_bytes(cut: Callable[[bytes], bytes], folder: Path) -> None:
 
 def store_changes(template: Path) -> Iterator[tuple[str, Callable[[Path], None]]]:
     """One row's settings or record at a time: its text damaged, then each field removed or
-    given each JSON value or the other row's value of it; each row's own columns; a column or table gone; the file cut short
-    or not SQLite."""
+    given each JSON value or the other row's value of it; each row's own columns; a column or
+    table gone; the file cut short or not SQLite."""
     yield "the store as it is", partial(_store_sql, "SELECT 1", ())
     with sqlite3.connect(f"file:{template / STORE}?mode=ro", uri=True) as db:
         rows = db.execute("SELECT rowid, settings, record FROM runs").fetchall()

@@ -223,7 +223,7 @@ def same_items(records: Iterable[tuple[str, dict[str, Any]]]) -> None:
     items than the first of its kind is refused, with both named."""
     first: dict[str, tuple[str, int]] = {}
     for where, record in records:
-        lists = [*record["items"].values(), *(record[k] for k in ("outputs",) if record.get(k) is not None)]
+        lists = [*record["items"].values(), *([record["outputs"]] if record.get("outputs") is not None else [])]
         if not lists:
             continue
         s = record["settings"]

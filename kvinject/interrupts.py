@@ -37,6 +37,10 @@ class Terminated(KeyboardInterrupt):
 def exit_code(stop: KeyboardInterrupt) -> int:
     """A stopped command's exit status: 128 + the signal's number, as the shell reports it."""
     caught(stop)
+    # CPython notes a KeyboardInterrupt that leaves code run from a string (dataclasses and typing
+    # exec and eval text) as unhandled, caught or not, and `python -m` then ends with SIGINT in
+    # place of this status; running a string resets that note.
+    exec("")
     return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
 
 

@@ -132,6 +132,22 @@ def test_ctrl_c_while_the_cli_loads_ends_it_without_a_traceback():
     assert out.returncode == 130 and out.stderr.strip() == "interrupted", out.stderr
 
 
+def test_a_ctrl_c_that_lands_in_code_run_from_a_string_ends_python_m_kvinject_with_130(tmp_path):
+    """CPython marks a KeyboardInterrupt that leaves code run from a string (exec and eval of
+    text: dataclasses and typing build functions so while Typer parses) as unhandled even once it
+    is caught, and `python -m` then ends with SIGINT (status -2) after kvinject's one line: a
+    stop sent while Typer parsed failed so in one run of a full suite."""
+    (tmp_path / "press_in_exec.py").write_text(
+        "import sys\n"
+        "from kvinject.cli import app\n"
+        "app.app.command(name='press')(lambda: exec('import signal; signal.raise_signal(signal.SIGINT)'))\n"
+        "sys.argv = ['kvinject', 'press']\n"
+        "app.main()\n"
+    )
+    out = subprocess.run([sys.executable, "-m", "press_in_exec"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 130 and out.stderr.strip() == "interrupted", (out.returncode, out.stderr)
+
+
 @pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")])
 def test_a_scheduler_s_sigterm_keeps_finished_runs_as_ctrl_c_does(tmp_path, tiny_path, signum, code, word):
     """SLURM and `timeout` send SIGTERM at a time limit: the runs finished are written, and the

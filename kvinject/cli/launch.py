@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import sys
 
+from .. import interrupts
+
 
 def main() -> None:
     try:
         from .app import main as cli
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as stop:
+        print(interrupts.stopped(stop), file=sys.stderr)
+        sys.exit(interrupts.exit_code(stop))
     cli()

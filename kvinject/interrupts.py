@@ -59,7 +59,8 @@ def caught(stop: KeyboardInterrupt) -> None:
 
 def uncaught(exit: BaseException) -> KeyboardInterrupt | None:
     """The stop behind `exit` that no command caught: one that landed before a command ran, which
-    Typer turns into exit status 130 without a word, SIGTERM too."""
+    Typer turns into exit status 130 without a word, SIGTERM too, or one a library caught and
+    raised another error in place of."""
     return _raised if _raised is not None and _holds(exit, _raised) else None
 
 

@@ -148,6 +148,26 @@ def test_a_ctrl_c_that_lands_in_code_run_from_a_string_ends_python_m_kvinject_wi
     assert out.returncode == 130 and out.stderr.strip() == "interrupted", (out.returncode, out.stderr)
 
 
+def test_a_stop_a_library_turns_into_another_error_ends_in_one_line(tmp_path):
+    """dill's `__init__` catches everything around an import and then fails to import its
+    fallback: a Ctrl-C that landed there while lm-eval loaded ended in a ModuleNotFoundError
+    traceback and status 1."""
+    (tmp_path / "press_in_import.py").write_text(
+        "import signal, sys\n"
+        "from kvinject.cli import app, render\n"
+        "def press():\n"
+        "    try:\n"
+        "        signal.raise_signal(signal.SIGINT)\n"
+        "    except:  # noqa: E722 - dill's\n"
+        "        import version  # noqa: F401\n"
+        "app.app.command(name='press')(render.stoppable(press))\n"
+        "sys.argv = ['kvinject', 'press']\n"
+        "app.main()\n"
+    )
+    out = subprocess.run([sys.executable, "-m", "press_in_import"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 130 and out.stderr.strip() == "interrupted", (out.returncode, out.stderr)
+
+
 @pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")])
 def test_a_scheduler_s_sigterm_keeps_finished_runs_as_ctrl_c_does(tmp_path, tiny_path, signum, code, word):
     """SLURM and `timeout` send SIGTERM at a time limit: the runs finished are written, and the

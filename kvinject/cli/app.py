@@ -75,7 +75,7 @@ def main() -> None:
     except KvinjectError as e:
         Console(stderr=True, soft_wrap=True).print("[bold red]error:[/]", Text(str(e)), highlight=False)  # one line, however long
         sys.exit(2)
-    except (KeyboardInterrupt, SystemExit) as e:  # a stop before a command ran: Typer's own handling is silent, and 130 for SIGTERM too
+    except BaseException as e:  # a stop before a command ran (Typer's own handling is silent, and 130 for SIGTERM too), or an error raised in its place
         stop = interrupts.uncaught(e)
         if stop is None:
             raise

@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..interrupts import exit_code, stopped
+from ..interrupts import exit_code, stopped, uncaught
 
 # Piped or redirected output has no width to fit: give the tables room rather than cut
 # their cells short (COLUMNS still decides where it is set); they are made to fit 100.
@@ -97,7 +97,10 @@ def stoppable(command: Callable) -> Callable:
     def run(*args: object, **kwargs: object) -> object:
         try:
             return command(*args, **kwargs)
-        except KeyboardInterrupt as stop:
+        except BaseException as e:  # a stop, or another error a library raised in its place (dill's import catches all)
+            stop = e if isinstance(e, KeyboardInterrupt) else uncaught(e)
+            if stop is None:
+                raise
             Console(stderr=True).print(stopped(stop), style="yellow", highlight=False)
             raise typer.Exit(exit_code(stop)) from None
 

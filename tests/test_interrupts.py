@@ -132,40 +132,37 @@ def test_ctrl_c_while_the_cli_loads_ends_it_without_a_traceback():
     assert out.returncode == 130 and out.stderr.strip() == "interrupted", out.stderr
 
 
+def _press_under_python_m(folder, command: str) -> None:
+    """Run ``kvinject press`` through the CLI's `main`, the command ``press`` defined by ``command``,
+    with `python -m` (its exit status is what the SLURM scripts get): one line and 130."""
+    (folder / "press.py").write_text(f"import sys\nfrom kvinject.cli import app\n{command}sys.argv = ['kvinject', 'press']\napp.main()\n")
+    out = subprocess.run([sys.executable, "-m", "press"], cwd=folder, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 130 and out.stderr.strip() == "interrupted", (out.returncode, out.stderr)
+
+
 def test_a_ctrl_c_that_lands_in_code_run_from_a_string_ends_python_m_kvinject_with_130(tmp_path):
     """CPython marks a KeyboardInterrupt that leaves code run from a string (exec and eval of
     text: dataclasses and typing build functions so while Typer parses) as unhandled even once it
     is caught, and `python -m` then ends with SIGINT (status -2) after kvinject's one line: a
     stop sent while Typer parsed failed so in one run of a full suite."""
-    (tmp_path / "press_in_exec.py").write_text(
-        "import sys\n"
-        "from kvinject.cli import app\n"
-        "app.app.command(name='press')(lambda: exec('import signal; signal.raise_signal(signal.SIGINT)'))\n"
-        "sys.argv = ['kvinject', 'press']\n"
-        "app.main()\n"
-    )
-    out = subprocess.run([sys.executable, "-m", "press_in_exec"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 130 and out.stderr.strip() == "interrupted", (out.returncode, out.stderr)
+    _press_under_python_m(tmp_path, "app.app.command(name='press')(lambda: exec('import signal; signal.raise_signal(signal.SIGINT)'))\n")
 
 
 def test_a_stop_a_library_turns_into_another_error_ends_in_one_line(tmp_path):
     """dill's `__init__` catches everything around an import and then fails to import its
     fallback: a Ctrl-C that landed there while lm-eval loaded ended in a ModuleNotFoundError
     traceback and status 1."""
-    (tmp_path / "press_in_import.py").write_text(
-        "import signal, sys\n"
-        "from kvinject.cli import app, render\n"
+    _press_under_python_m(
+        tmp_path,
+        "import signal\n"
+        "from kvinject.cli import render\n"
         "def press():\n"
         "    try:\n"
         "        signal.raise_signal(signal.SIGINT)\n"
         "    except:  # noqa: E722 - dill's\n"
         "        import version  # noqa: F401\n"
-        "app.app.command(name='press')(render.stoppable(press))\n"
-        "sys.argv = ['kvinject', 'press']\n"
-        "app.main()\n"
+        "app.app.command(name='press')(render.stoppable(press))\n",
     )
-    out = subprocess.run([sys.executable, "-m", "press_in_import"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 130 and out.stderr.strip() == "interrupted", (out.returncode, out.stderr)
 
 
 @pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")])

@@ -14,7 +14,8 @@ process the signal ended would, so that the scheduler records it.
 A library may swallow a stop (lm-eval builds its tasks with `datasets`, whose fingerprinting
 catches everything around a dill pickle): the command then ran on to its end and exited 0. A
 stop that neither ends the process nor reaches code that says it was caught (`caught`,
-`exit_code`) within a second is sent again.
+`exit_code`) within a second is sent again, and a command that ends while one is `pending`, in
+any way, ends as that stop.
 """
 
 from __future__ import annotations
@@ -44,6 +45,19 @@ def exit_code(stop: KeyboardInterrupt) -> int:
     return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
 
 
+def ending() -> None:
+    """The process's status is decided: from here to its end, SIGINT and SIGTERM are ignored. After
+    a stop the Python handler ignored them already, but CPython's exit puts back their default
+    action, and one arriving then ended the process with -2 or -15 after its work, or after its one
+    line in place of 130. For the entry points (the process is theirs), and only over kvinject's own
+    handlers, where `install` put them."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is _on_signal:
+            signal.signal(signum, signal.SIG_IGN)
+
+
 def stopped(stop: KeyboardInterrupt) -> str:
     """How a stop is named: a Ctrl-C interrupts, a scheduler's SIGTERM stops."""
     return "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
@@ -57,11 +71,14 @@ def caught(stop: KeyboardInterrupt) -> None:
         _raised = None
 
 
-def uncaught(exit: BaseException) -> KeyboardInterrupt | None:
-    """The stop behind `exit` that no command caught: one that landed before a command ran, which
-    Typer turns into exit status 130 without a word, SIGTERM too, or one a library caught and
-    raised another error in place of."""
-    return _raised if _raised is not None and _holds(exit, _raised) else None
+def pending() -> KeyboardInterrupt | None:
+    """The stop raised last that no command has caught. A command that ends while it is pending,
+    with an error, an exit or its result, ends as that stop: it landed before the command ran
+    (Typer makes it status 130 without a word, SIGTERM too); a library caught it and raised
+    another error or none (CPython 3.11 to 3.13 turn one that lands on a failing
+    ``from m import n`` into "TypeError: expected a message argument", with no trace of it); or
+    the command finished before it was sent again."""
+    return _raised
 
 
 _CALLBACKS: set[CodeType] = set()
@@ -167,11 +184,13 @@ def _send(signum: int) -> None:
 
 def install() -> None:
     """Defer Ctrl-C and SIGTERM out of callbacks, and let only the first stop a command; only over
-    Python's default handlers, in the main thread."""
-    global _stopped, _raised, _resending
+    Python's default handlers, in the main thread. A stop still pending is kept: the command
+    installs this before its modules load, and again as it starts."""
+    global _stopped, _resending
     if threading.current_thread() is not threading.main_thread():
         return
-    _stopped, _raised, _resending = False, None, None
+    if _raised is None:
+        _stopped, _resending = False, None
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_signal)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

@@ -1,12 +1,14 @@
 """The CLI fuzzer (tests/fuzz_cli.py): commands generated from the command tree, each run as
 the `kvinject` command runs (tests/fuzz_exec.py) and judged by tests/fuzz_verdict.py; and the
 files kvinject reads (tests/fuzz_files.py: grids, stores, run files, run folders), changed one
-key, row or field at a time, read by the commands that read them and judged the same way.
+key, row or field at a time, read by the commands that read them and judged the same way; and
+each command stopped part way by a Ctrl-C or SIGTERM (tests/fuzz_stops.py).
 
 The plain test run takes a bounded, fixed sample of each; `pytest -m fuzz` runs
 KVINJECT_FUZZ_COMMANDS (default 20,000) commands, then every changed file (KVINJECT_FUZZ_FILES
-of them where set), each from number KVINJECT_FUZZ_FROM (to run them in pieces), and writes each
-finding to KVINJECT_FUZZ_LOG (default fuzz-findings.log)."""
+of them where set), then KVINJECT_FUZZ_STOPS (default 1,000) stopped commands, each from number
+KVINJECT_FUZZ_FROM (to run them in pieces), and writes each finding to KVINJECT_FUZZ_LOG
+(default fuzz-findings.log)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import fuzz_cli, fuzz_files
+from tests import fuzz_cli, fuzz_files, fuzz_stops
 from tests.fuzz_exec import execute
 from tests.fuzz_verdict import run_one
 
@@ -24,6 +26,8 @@ SAMPLE = 120  # commands in the plain test run: about 40 s on 2 cores
 SAMPLE_SECONDS = 65  # and never more than this (with the fixtures and the files', under 2 minutes)
 FILE_SAMPLE = 6  # changed files of each kind in the plain test run: 24 commands, about 8 s
 FILE_SAMPLE_SECONDS = 25  # and never more than this
+STOP_SAMPLE = 8  # commands stopped part way in the plain test run: about 30 s
+STOP_SAMPLE_SECONDS = 45  # and never more than this
 LIMIT_SECONDS = 120  # per command: the smallest sizes take seconds, lm-eval's import 20
 
 
@@ -121,6 +125,18 @@ def test_a_fixed_sample_of_changed_files_holds(template, tmp_path):
     assert findings == []
 
 
+def test_a_fixed_sample_of_stopped_commands_holds(template, tmp_path):
+    deadline = time.monotonic() + STOP_SAMPLE_SECONDS
+    findings = []
+    for stop in fuzz_stops.sample(STOP_SAMPLE):
+        if time.monotonic() > deadline:
+            break
+        problem = fuzz_stops.run_stopped(stop, template, tmp_path / "w")
+        if problem:
+            findings.append(f"{stop}: {problem}")
+    assert findings == []
+
+
 @pytest.mark.fuzz
 def test_the_long_run(template, tmp_path):
     count = int(os.environ.get("KVINJECT_FUZZ_COMMANDS", "20000"))
@@ -138,6 +154,13 @@ def test_the_long_run_of_files(template, tmp_path):
     cases = cases[first : int(os.environ.get("KVINJECT_FUZZ_FILES", len(cases)))]
     results = ((f"{c.kind} {c.change}\tkvinject {' '.join(c.args)}", run_one(c.args, template, tmp_path / "w", LIMIT_SECONDS, c.prepare)) for c in cases)
     logged(results, "changed files read", first)
+
+
+@pytest.mark.fuzz
+def test_the_long_run_of_stops(template, tmp_path):
+    stops = fuzz_stops.sample(int(os.environ.get("KVINJECT_FUZZ_STOPS", "1000")), seed=int(os.environ.get("KVINJECT_FUZZ_SEED", "0")))
+    first = int(os.environ.get("KVINJECT_FUZZ_FROM", "0"))
+    logged(((str(stop), fuzz_stops.run_stopped(stop, template, tmp_path / "w")) for stop in stops[first:]), "stopped commands", first)
 
 
 def logged(results, noun: str, first: int = 0) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -97,8 +98,13 @@ def names(folder):
 
 def run_cli(monkeypatch, capsys, *args):
     monkeypatch.setattr(sys, "argv", ["kvinject", *map(str, args)])
-    with pytest.raises(SystemExit) as exit:
-        cli.main()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as exit:
+            cli.main()
+    finally:  # the entry point ignores both as it ends, for the rest of its process: here, the tests'
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
     out = capsys.readouterr()
     return exit.value.code, out.out, out.err
 

@@ -71,13 +71,16 @@ app.command()(stoppable(version))
 def main() -> None:
     interrupts.install()
     try:
-        app()
-    except KvinjectError as e:
+        try:
+            app()
+        finally:  # a signal from here on would end the exiting process by its default action
+            interrupts.ending()
+    except BaseException as e:  # Typer ends with SystemExit, a command's status
+        stop = interrupts.pending()  # one before a command ran (Typer's own handling is silent, and 130 for SIGTERM too)
+        if stop is not None:
+            Console(stderr=True).print(interrupts.stopped(stop), style="yellow", highlight=False)
+            sys.exit(interrupts.exit_code(stop))
+        if not isinstance(e, KvinjectError):
+            raise
         Console(stderr=True, soft_wrap=True).print("[bold red]error:[/]", Text(str(e)), highlight=False)  # one line, however long
         sys.exit(2)
-    except BaseException as e:  # a stop before a command ran (Typer's own handling is silent, and 130 for SIGTERM too), or an error raised in its place
-        stop = interrupts.uncaught(e)
-        if stop is None:
-            raise
-        Console(stderr=True).print(interrupts.stopped(stop), style="yellow", highlight=False)
-        sys.exit(interrupts.exit_code(stop))

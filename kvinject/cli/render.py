@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..interrupts import exit_code, stopped, uncaught
+from ..interrupts import exit_code, pending, stopped
 
 # Piped or redirected output has no width to fit: give the tables room rather than cut
 # their cells short (COLUMNS still decides where it is set); they are made to fit 100.
@@ -96,12 +96,16 @@ def stoppable(command: Callable) -> Callable:
     @functools.wraps(command)
     def run(*args: object, **kwargs: object) -> object:
         try:
-            return command(*args, **kwargs)
-        except BaseException as e:  # a stop, or another error a library raised in its place (dill's import catches all)
-            stop = e if isinstance(e, KeyboardInterrupt) else uncaught(e)
+            result = command(*args, **kwargs)
+        except BaseException as e:  # a stop, or another error raised in its place (dill's import catches all)
+            stop = e if isinstance(e, KeyboardInterrupt) else pending()
             if stop is None:
                 raise
-            Console(stderr=True).print(stopped(stop), style="yellow", highlight=False)
-            raise typer.Exit(exit_code(stop)) from None
+        else:
+            stop = pending()  # dropped by a library, the command ended before it was sent again
+            if stop is None:
+                return result
+        Console(stderr=True).print(stopped(stop), style="yellow", highlight=False)
+        raise typer.Exit(exit_code(stop)) from None
 
     return run

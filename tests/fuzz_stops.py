@@ -32,7 +32,7 @@ WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "stopped by SIGTERM"}
 # 0.6 s and Typer parses after them; a command's own imports (lm-eval, pandas) take a few more.
 SCALES = (0.05, 0.8, 6.0)
 STOP_SECONDS = 60  # to end once stopped: the finished work is written first
-LOST_SECONDS = 3.0  # a stop a library swallowed is sent again within a second and a half
+LOST_SECONDS = 5.0  # a swallowed stop is sent again within 1.5 s; one after the status is decided ends in under a second
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 from tests.cli_tree import flag, is_option
 from tests.fuzz_cli import BASES, SPEC, options
 from tests.fuzz_exec import Outcome
-from tests.fuzz_verdict import _kept, _last, _outputs_parse, snapshot, verdict
+from tests.fuzz_verdict import files_kept, last_line, outputs_parse, snapshot, verdict
 
 SIGNALS = [(signal.SIGINT,), (signal.SIGTERM,), (signal.SIGINT, signal.SIGINT), (signal.SIGINT, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT)]
 WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "stopped by SIGTERM"}
@@ -134,11 +134,11 @@ def _stopped(stop: Stop, outcome: Outcome, folder: Path, before: dict[Path, str]
             return f"exited 0 {after_signal_s:.1f} s after {signal.Signals(first).name}: the stop was lost"
         return verdict(stop.args, outcome, folder, before)  # it came as the command finished
     if "Traceback (most recent call last)" in outcome.stderr or "Exception ignored" in outcome.stderr:  # ctypes drops what a callback raised
-        return f"{'traceback' if 'Traceback' in outcome.stderr else 'exception ignored'}: {_last(outcome.stderr)}"
+        return f"{'traceback' if 'Traceback' in outcome.stderr else 'exception ignored'}: {last_line(outcome.stderr)}"
     # A Ctrl-C put off in a callback, and a SIGTERM meanwhile: the scheduler's is the stop raised.
     if outcome.code not in [128 + s for s in stop.signals]:
-        return f"exit status {outcome.code} after {signal.Signals(first).name}: {_last(outcome.stderr)}"
-    if not _last(outcome.stderr).startswith(WORDS[outcome.code - 128]):
-        return f"its last line does not say {WORDS[outcome.code - 128]!r}: {_last(outcome.stderr)}"
+        return f"exit status {outcome.code} after {signal.Signals(first).name}: {last_line(outcome.stderr)}"
+    if not last_line(outcome.stderr).startswith(WORDS[outcome.code - 128]):
+        return f"its last line does not say {WORDS[outcome.code - 128]!r}: {last_line(outcome.stderr)}"
     # what a stopped command keeps (run's --output, a sweep's store) is written whole
-    return _outputs_parse(stop.args, outcome, folder, before) or _kept(stop.args, Outcome(0, "", "", 0), folder, before)
+    return outputs_parse(stop.args, outcome, folder, before) or files_kept(stop.args, Outcome(0, "", "", 0), folder, before)

@@ -43,19 +43,19 @@ def verdict(args: list[str], outcome: Outcome, folder: Path, before: dict[Path, 
     if outcome.code is None:
         return f"still running after {outcome.seconds:.0f} s"
     if "Traceback (most recent call last)" in outcome.stderr:
-        return "traceback: " + _last(outcome.stderr)
+        return "traceback: " + last_line(outcome.stderr)
     if outcome.code == 0:
-        problem = _outputs_parse(args, outcome, folder, before)
+        problem = outputs_parse(args, outcome, folder, before)
     elif outcome.code == 1 and args[0] == "replay" and "replayed DIFFERENTLY" in outcome.stdout and not outcome.stderr.strip():
         problem = None  # replay's answer that the item decodes otherwise than recorded (a record edited)
     elif outcome.code in (1, 2):
         problem = _one_line(outcome.stderr)
     else:
-        problem = f"exit status {outcome.code}: {_last(outcome.stderr)}"
-    return problem or _kept(args, outcome, folder, before)
+        problem = f"exit status {outcome.code}: {last_line(outcome.stderr)}"
+    return problem or files_kept(args, outcome, folder, before)
 
 
-def _last(text: str) -> str:
+def last_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "(nothing on standard error)"
 
@@ -64,11 +64,11 @@ def _one_line(stderr: str) -> str | None:
     """kvinject's `error: ...` (a spec's valid form may follow), or click's usage error."""
     errors = [line for line in stderr.splitlines() if line.startswith(("error:", "Error:"))]
     if len(errors) != 1:
-        return f"{len(errors)} error lines: {_last(stderr)}"
+        return f"{len(errors)} error lines: {last_line(stderr)}"
     return None
 
 
-def _outputs_parse(args: list[str], outcome: Outcome, folder: Path, before: dict[Path, str]) -> str | None:
+def outputs_parse(args: list[str], outcome: Outcome, folder: Path, before: dict[Path, str]) -> str | None:
     """What the command printed as JSON, and the files it wrote (an input damaged on purpose,
     left as it was, is not its output)."""
     if "json" in args and "--format" in args and args[args.index("--format") + 1] == "json" and "lm-eval" not in args:
@@ -92,7 +92,7 @@ def _outputs_parse(args: list[str], outcome: Outcome, folder: Path, before: dict
     return None
 
 
-def _kept(args: list[str], outcome: Outcome, folder: Path, before: dict[Path, str]) -> str | None:
+def files_kept(args: list[str], outcome: Outcome, folder: Path, before: dict[Path, str]) -> str | None:
     """Files that were there: unchanged, unless named as an output of a command that succeeded
     (or a store, which a failed run may have added to)."""
     named = {(folder / a).resolve() for a in args if not a.startswith("-")}

@@ -134,14 +134,19 @@ def test_ctrl_c_while_the_cli_loads_ends_it_without_a_traceback():
     assert out.returncode == 130 and out.stderr.strip() == "interrupted", out.stderr
 
 
-def _press_under_python_m(folder, command: str) -> None:
-    """Run ``kvinject press`` through the CLI's entry point, the command ``press`` defined by
-    ``command``, with `python -m` (its exit status is what the SLURM scripts get): one line and 130."""
+def _python_m(folder, lines: str, command: str = "press") -> tuple[int, str]:
+    """``kvinject COMMAND`` run through the CLI's entry point with `python -m` (its exit status is
+    what the SLURM scripts get), after ``lines`` (which may add the command): status and stderr."""
     (folder / "press.py").write_text(
-        f"import sys\nfrom kvinject.cli import app, render\nfrom kvinject.cli.launch import main\n{command}sys.argv = ['kvinject', 'press']\nmain()\n"
+        f"import sys\nfrom kvinject.cli import app, render\nfrom kvinject.cli.launch import main\n{lines}sys.argv = ['kvinject', '{command}']\nmain()\n"
     )
     out = subprocess.run([sys.executable, "-m", "press"], cwd=folder, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 130 and out.stderr.strip() == "interrupted", (out.returncode, out.stderr)
+    return out.returncode, out.stderr.strip()
+
+
+def _press_under_python_m(folder, command: str) -> None:
+    """Run ``kvinject press``, the command ``press`` defined by ``command``: one line and 130."""
+    assert _python_m(folder, command) == (130, "interrupted")
 
 
 def test_a_ctrl_c_that_lands_in_code_run_from_a_string_ends_python_m_kvinject_with_130(tmp_path):
@@ -231,22 +236,16 @@ def test_a_signal_that_arrives_as_the_process_exits_leaves_its_status(tmp_path, 
     """CPython's exit puts back the signals' default action: a SIGTERM or Ctrl-C arriving then (a
     scheduler's, a second press) ended a finished command with -15, or a stopped one with -2 after
     its line, in place of 0 or 130. Sent here as the interpreter exits (atexit)."""
-    script = (
-        "import atexit, os, signal, sys, time\n"
-        "from kvinject.cli import app, render\n"
-        "from kvinject.cli.launch import main\n"
+    late = (
+        "import atexit, os, signal, time\n"
         "def late():\n"
         "    for s in (signal.SIGTERM, signal.SIGINT):\n"
         "        os.kill(os.getpid(), s)\n"
         "    time.sleep(0.2)\n"
         "atexit.register(late)\n"
         "app.app.command(name='interrupted')(render.stoppable(lambda: signal.raise_signal(signal.SIGINT)))\n"
-        f"sys.argv = ['kvinject', '{command}']\n"
-        "main()\n"
     )
-    (tmp_path / "late.py").write_text(script)
-    out = subprocess.run([sys.executable, "-m", "late"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert (out.returncode, out.stderr.strip()) == ((0, "") if command == "version" else (130, "interrupted")), out.stderr
+    assert _python_m(tmp_path, late, command) == ((0, "") if command == "version" else (130, "interrupted"))
 
 
 def test_a_second_ctrl_c_or_sigterm_does_not_break_off_the_clean_up():

@@ -280,7 +280,8 @@ def own_handlers(monkeypatch):
     previous = {s: signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)}
     interrupts.install()
     yield
-    interrupts.install()  # forgets the stop raised last: nothing is sent again
+    if (stop := interrupts.pending()) is not None:  # left by a failing test: not sent again into the next
+        interrupts.caught(stop)
     for s, handler in previous.items():
         signal.signal(s, handler)
     interrupts._stopped = False

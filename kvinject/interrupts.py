@@ -5,7 +5,10 @@ raised there cannot cross into C: ctypes prints "Exception ignored on calling ct
 and drops the log callback's, and the hook could only report its own after the decode. The
 user then pressed Ctrl-C again (a sweep's Ctrl-C test lost one this way). With
 `install()`, an interrupt that lands inside a callback is put off until the callback has
-returned, and surfaces in the Python code that called into llama.cpp.
+returned, and surfaces in the Python code that called into llama.cpp. One that lands while a
+module is being imported waits for the import to finish the same way: broken off, it left the
+module's package half made (a stopped `run` then failed to import scipy.stats to write the runs
+it kept: "module 'scipy' has no attribute '_lib'").
 
 SIGTERM, what a scheduler (SLURM at a time limit) and `timeout` send, stops a command the same
 way, as :class:`Terminated`: what is finished is kept, and the command exits with 143 as a
@@ -77,14 +80,18 @@ def pending() -> KeyboardInterrupt | None:
     (Typer makes it status 130 without a word, SIGTERM too); a library caught it and raised
     another error or none (CPython 3.11 to 3.13 turn one that lands on a failing
     ``from m import n`` into "TypeError: expected a message argument", with no trace of it); or
-    the command finished before it was sent again."""
+    the command finished before it was sent again, or before one put off came back."""
+    if _raised is None and _waiting is not None:
+        _take(_waiting)
     return _raised
 
 
 _CALLBACKS: set[CodeType] = set()
+_IMPORTING = "<frozen importlib._bootstrap>"  # the import system's frames, around a module's own code
 _RESEND_S = 0.05
 _resend: threading.Timer | None = None
 _terminated = False  # a SIGTERM put off with a Ctrl-C: the stop raised is the SIGTERM
+_waiting: int | None = None  # the signal put off (in a callback, an import), until its stop is raised
 # A stop was raised: the command is keeping its work (writing its output, closing its store), and
 # a second Ctrl-C, or the scheduler's SIGTERM after it, would break that off with a traceback.
 # Further signals are ignored until the process ends; SIGKILL still ends it at once.
@@ -101,39 +108,47 @@ def callback(fn: F) -> F:
     return fn
 
 
-def _in_callback(frame: FrameType | None) -> bool:
+def _put_off(frame: FrameType | None) -> bool:
+    """Whether a stop landing at ``frame`` waits: in a callback from C, or in an import."""
     while frame is not None:
-        if frame.f_code in _CALLBACKS:
+        if frame.f_code in _CALLBACKS or frame.f_code.co_filename == _IMPORTING:
             return True
         frame = frame.f_back
     return False
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    global _resend, _terminated, _stopped, _resending
+    global _resend, _terminated, _waiting
     # Once stopped, signals are ignored but for the one sent again for a swallowed stop, and that
     # one only if the stop is still not caught: a slow unwinding can reach its `except` while the
     # signal is on its way, and the signal would then end the exiting command (status -2).
     if _stopped and (_resending is None or _raised is not _resending):
         return
     _terminated = _terminated or signum == signal.SIGTERM
-    if _in_callback(frame):
+    if _put_off(frame):
         # Sent again shortly from another thread (re-sent at once, it would land in this very
-        # handler): it comes back here while the callback still runs, and once C has returned
-        # it waits for Python's next check, outside the callback. Presses meanwhile are one.
+        # handler): it comes back here while the callback or import still runs, and once it has
+        # returned it waits for Python's next check, outside it. Presses meanwhile are one.
         # A real signal to the main thread, as a press is: _thread.interrupt_main only sets
         # Python's flag, which a blocking call (a sleep) does not notice until it returns.
+        _waiting = signum if _waiting is None else _waiting
         if _resend is None or not _resend.is_alive():
             _resend = threading.Timer(_RESEND_S, _send, (signum,))
             _resend.daemon = True
             _resend.start()
         return
+    raise _take(signum)
+
+
+def _take(signum: int) -> KeyboardInterrupt:
+    """The stop the signals received make, watched until it is caught."""
+    global _resend, _terminated, _stopped, _resending, _waiting
     if _resend is not None:  # this is the interrupt it would send: not a second one during the clean-up
         _resend.cancel()
         _resend = None
-    stop, _terminated, _stopped, _resending = (Terminated if _terminated else KeyboardInterrupt)(), False, True, None
+    stop, _terminated, _stopped, _resending, _waiting = (Terminated if _terminated else KeyboardInterrupt)(), False, True, None, None
     _watch(stop, signum)
-    raise stop
+    return stop
 
 
 def _watch(stop: KeyboardInterrupt, signum: int) -> None:

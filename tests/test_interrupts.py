@@ -301,6 +301,19 @@ def test_a_stop_a_library_swallows_is_sent_again(own_handlers):
     assert len(swallowed) == 1 and isinstance(swallowed[0], interrupts.Terminated)
 
 
+def test_a_stop_that_lands_in_an_import_waits_for_it_to_finish(own_handlers, tmp_path, monkeypatch):
+    """Broken off, an import left its package half made: a `run` stopped in the work then failed
+    to import scipy.stats to write the runs it kept ("module 'scipy' has no attribute '_lib'")."""
+    (tmp_path / "halfway.py").write_text("import signal, time\nsignal.raise_signal(signal.SIGINT)\ntime.sleep(0.3)\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with _stop_caught():
+        import halfway  # noqa: F401
+
+        time.sleep(5)
+    assert sys.modules["halfway"].DONE
+    del sys.modules["halfway"]
+
+
 def test_a_stop_on_its_way_or_caught_is_not_sent_again(own_handlers):
     """A slow clean-up (a `finally`, a `with` block's exit, the work a command keeps after it has
     caught the stop) is no swallowed stop: a second one would break it off."""

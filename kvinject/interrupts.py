@@ -86,6 +86,11 @@ def pending() -> KeyboardInterrupt | None:
     return _raised
 
 
+def behind(exit: BaseException) -> KeyboardInterrupt | None:
+    """The stop a command ended by ``exit`` ends as: ``exit`` itself, or the one `pending`."""
+    return exit if isinstance(exit, KeyboardInterrupt) else pending()
+
+
 _CALLBACKS: set[CodeType] = set()
 _IMPORTING = "<frozen importlib._bootstrap>"  # the import system's frames, around a module's own code
 _RESEND_S = 0.05

@@ -15,7 +15,7 @@ def main() -> None:
     try:
         from .app import main as cli
     except BaseException as e:  # a stop, or the error CPython or a library raised in its place
-        stop = e if isinstance(e, KeyboardInterrupt) else interrupts.pending()
+        stop = interrupts.behind(e)
         if stop is None:
             raise
         print(interrupts.stopped(stop), file=sys.stderr)

@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..interrupts import exit_code, pending, stopped
+from ..interrupts import behind, exit_code, pending, stopped
 
 # Piped or redirected output has no width to fit: give the tables room rather than cut
 # their cells short (COLUMNS still decides where it is set); they are made to fit 100.
@@ -98,7 +98,7 @@ def stoppable(command: Callable) -> Callable:
         try:
             result = command(*args, **kwargs)
         except BaseException as e:  # a stop, or another error raised in its place (dill's import catches all)
-            stop = e if isinstance(e, KeyboardInterrupt) else pending()
+            stop = behind(e)
             if stop is None:
                 raise
         else:

@@ -8,12 +8,14 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from kvinject.benchmarks import make_bench
 from kvinject.error_models.configuration import configurations
 from kvinject.experiments.runner import records, run
 from kvinject.experiments.store import Store
 
-from .test_cli import kvinject
+from .cli_runs import kvinject
 
 ARGS = ["--bench", "nexttoken", "--limit", "6", "--error", "normal:0,0.5", "--error", "signflip:0.1"]
 
@@ -74,3 +76,24 @@ def test_the_api_yields_the_runs_it_evaluates_and_the_store_holds_all(tmp_path, 
     assert [(r.config.label, r.run) for r in second] == [("normal:0,0.5", 1)] and len(notices) == 1
     assert [(r["label"], r["run"]) for r in kept] == [("none", 0), ("normal:0,0.5", 0), ("normal:0,0.5", 1)]
     assert kept[2]["items"] == json.loads(json.dumps(second[0].to_dict()["items"]))
+
+
+@pytest.mark.parametrize(
+    "bench,control",
+    [
+        (["--bench", "nexttoken", "--limit", "4"], "normal:0,0.5"),
+        (["--bench", "perplexity", "--chunks", "1", "--ctx", "64"], "normal:0,0.5"),
+        (["--bench", "ifeval", "--limit", "2", "--max-tokens", "4", "--temperature", "0.8"], "none"),
+    ],
+    ids=["random-control", "random-control-perplexity", "sampling"],
+)
+def test_a_control_with_randomness_has_all_its_runs_and_resumes(tmp_path, tiny_path, bench, control):
+    """A control that differs from run to run (a random error, sampling) is run --runs times
+    like any configuration, and a resumed run adds the runs it lacks: its runs past the first
+    once went unevaluated while the sweep asked for them again, for ever."""
+    store, output = tmp_path / "run.results.sqlite", tmp_path / "r.json"
+    common = ["run", "--model", str(tiny_path), *bench, "--control", control, "--error", "signflip:0.1", "--store", str(store), "-o", str(output)]
+    for runs in (2, 3):
+        out = kvinject(*common, "--runs", str(runs), timeout=240)
+        assert out.returncode == 0, out.stderr
+        assert [(r["label"], r["run"]) for r in _records(output)] == [(label, run) for label in (control, "signflip:0.1") for run in range(runs)]

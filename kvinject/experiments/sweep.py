@@ -290,7 +290,9 @@ class Sweep:
         control_key = control.key(self.model_sha(control.model))
         stored_control = self.store.record(control_key, 0)
         golden = bench.golden(stored_control) if stored_control is not None else None
-        plan = [(control.config, [0] if golden is None else [])] + [(p.cell.config, p.runs) for p in members if not p.cell.control]
+        # A control with randomness (a random error, sampling) has runs of its own to do too.
+        own = next((p.runs for p in members if p.cell.control), [])
+        plan = [(control.config, sorted({*own, *([0] if golden is None else [])}))] + [(p.cell.config, p.runs) for p in members if not p.cell.control]
         by_config = {p.cell.config: p for p in members}
         advance = progress(bench, cell0.model, bench.work(plan)) if progress else (lambda n: None)
         for result in evaluate(bench, model, plan, cell0.seed, advance, golden):
@@ -300,7 +302,7 @@ class Sweep:
             added = self.store.add(key, result.run, settings, result.to_dict(), self.worker)
             if not added and p is None and result.outputs is not None:  # a control stored without its tokens: they are now
                 self.store.add_outputs(key, result.run, result.outputs)
-            if p is not None:
+            if p is not None and result.run in p.runs:  # not the control's run 0 evaluated again for its outputs
                 overall(1)
             if added:  # not a control evaluated again for the runs left
                 value = result.metrics.get(bench.primary, float("nan"))

@@ -19,6 +19,17 @@ _INT = re.compile(r"[+-]?[0-9]+")  # ASCII digits: \d also matches the Arabic-In
 _FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
+# Runs of one configuration: every run is listed before the first is made (10^9 runs filled the memory first).
+MAX_RUNS = 10_000
+
+
+def check_runs(name: str, runs: int) -> int:
+    """A number of runs per configuration (--runs, a grid's sweep.runs): 1 to MAX_RUNS."""
+    if not 1 <= runs <= MAX_RUNS:
+        raise SpecError(f"{name} must be between 1 and {MAX_RUNS}, got {runs}")
+    return runs
+
+
 def parse_int(name: str, value: object) -> int:
     """An integer from an int (not a bool) or its decimal text."""
     if isinstance(value, int) and not isinstance(value, bool):

@@ -12,6 +12,7 @@ from rich.table import Table
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
 from ..files import write_text
+from ..values import check_runs
 from .flags import SeedOpt, Setup, bench_flags, setup_flags
 from .outputs import check_writable
 from .render import console, fmt, interrupted, run_sweep
@@ -52,8 +53,7 @@ def profile(
     from ..experiments.sweep import Sweep
 
     set_verbose(setup.verbose)
-    if runs < 1:
-        raise KvinjectError(f"--runs must be >= 1, got {runs}")
+    check_runs("--runs", runs)
     config = Configuration.parse(error, cache=setup.cache)
     err, cache = config.error, config.cache  # ERROR@K/V: the profile's cache types
     if not err.injects:

@@ -12,10 +12,10 @@ from rich.console import Console
 
 from ..engine.target import Target
 from ..error_models.configuration import configurations
-from ..exceptions import KvinjectError
 from ..files import is_stdout, write_text
 from ..interrupts import caught, exit_code, stopped
 from ..jsonutil import dumps
+from ..values import check_runs
 from .flags import ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, WideOpt, bench_flags, setup_flags
 from .outputs import check_writable
 from .render import console, print_table, progress_bars
@@ -61,8 +61,7 @@ def run_command(
     from ..experiments.runner import metadata, records
     from ..experiments.store import Store, temporary_store
 
-    if runs < 1:
-        raise KvinjectError(f"--runs must be >= 1, got {runs}")
+    check_runs("--runs", runs)
     cache = setup.cache
     tgt = Target.parse(target, layers, positions, heads)
     configs = configurations(control, error or [], tgt, cache)

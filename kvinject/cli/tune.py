@@ -35,7 +35,7 @@ def tune(
     metric: Annotated[
         Optional[str], typer.Option("--metric", help="The metric: default kld (KL divergence from the control) for perplexity, else the bench's headline.")
     ] = None,
-    runs: Annotated[int, typer.Option("--runs", "-r", help="Runs per configuration (an error without randomness runs once).", min=1)] = 1,
+    runs: Annotated[int, typer.Option("--runs", "-r", help="Runs per configuration (an error without randomness runs once).")] = 1,
     seed: SeedOpt = 0,
     data: Annotated[Optional[str], typer.Option("--data", help="The text tuned on: PATH or hf:NAME[:CONFIG][@SPLIT] (default: the bench's).")] = None,
     holdout_data: Annotated[

@@ -24,7 +24,7 @@ from ..engine.target import Target
 from ..error_models import REGISTRY
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError, SpecError
-from ..values import unique
+from ..values import check_runs, unique
 from .campaign import campaign_size
 
 
@@ -209,6 +209,15 @@ def load_grid(path: Path, max_cells: int = MAX_CELLS) -> Grid:
         raise GridError(message if message.startswith(f"{path}:") else f"{path}: {message}") from None
 
 
+def _runs(path: Path, runs: Any) -> int:
+    if not _integer(runs):
+        raise GridError(f"{path}: sweep.runs must be an integer, got {runs!r}")
+    try:
+        return check_runs("sweep.runs", runs)
+    except SpecError as e:
+        raise GridError(f"{path}: {e}") from None
+
+
 def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> Grid:
     """A grid from the parsed TOML of ``path`` (or the same structure built in Python), checked completely."""
     unknown = set(raw) - {"sweep", "bench", "errors", "cells"}
@@ -224,9 +233,7 @@ def build_grid(path: Path, raw: dict[str, Any], max_cells: int = MAX_CELLS) -> G
     if not isinstance(benches, dict) or not benches:
         raise GridError(f"{path}: declare at least one benchmark, e.g. [bench.nexttoken]")
     option_sets = _option_sets(path, benches)
-    runs = sweep.get("runs", 5)
-    if not _integer(runs) or not 1 <= runs <= MAX_RANGE:  # 10^20 runs: a MemoryError as the runs were listed
-        raise GridError(f"{path}: sweep.runs must be a positive integer, got {runs!r} (at most {MAX_RANGE})")
+    runs = _runs(path, sweep.get("runs", 5))
     campaign = _campaign(path, sweep)
     seeds = _values("sweep.seeds", sweep.get("seeds", 0))
     if not all(_integer(s) and s >= 0 for s in seeds):

@@ -31,7 +31,7 @@ from ..error_models import ErrorModel
 from ..error_models.composite import Composite
 from ..error_models.configuration import Configuration
 from ..exceptions import KvinjectError
-from ..values import unique
+from ..values import check_runs, unique
 from .allocation import Problem, hull, pareto, within
 from .grid import Grid, build_grid
 from .profile import given_options, profile_grid, sensitivity
@@ -280,6 +280,7 @@ def plan_tuning(
     from ..engine.model import DEFAULT_MODEL, Model, resolve_model
     from .profile import profile_metric
 
+    check_runs("--runs", runs)
     models = {spec: _choice(spec, cache) for spec in choices}
     parsed = [models[spec] for spec in unique("--choice", list(choices), key=lambda s: models[s].spec)]
     if len([c for c in parsed if c.injects]) < 1 or len(parsed) < 2:

@@ -66,6 +66,25 @@ def test_options_refuse_what_they_cannot_mean(name):
             cls.Options.parse({"limit": bad})
 
 
+def test_an_option_given_where_it_changes_nothing_is_refused():
+    """Each option that applies only with some values of another (niah's needles with the multi-
+    families, gsm8k's problems without data) is refused beside any other value, taken with its own."""
+    checked = 0
+    for cls in BENCHMARKS.values():
+        known = {f.name: f for f in fields(cls.Options)}
+        for f in known.values():
+            if f.metadata.get("only") is None:
+                continue
+            other, allowed = f.metadata["only"]
+            value = f.default if f.default is not None else "x.txt"
+            outside = next(c for c in known[other].metadata.get("choices") or ("x.txt",) if c not in allowed)
+            with pytest.raises(SpecError, match=rf"^{flag(f.name)} applies only with(out)? {flag(other)}"):
+                cls.Options.parse({f.name: value, other: outside}, cli=True)
+            assert getattr(cls.Options.parse({f.name: value, other: allowed[0]}), f.name) == value
+            checked += 1
+    assert checked >= 6  # niah's needles, gsm8k's problems and data_seed, the haystack benches' data
+
+
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))
 def test_every_benchmark_runs_under_the_control_and_an_error(name, tiny):
     bench = make_bench(name, {"limit": 1, **FAST.get(name, {})})

@@ -174,7 +174,7 @@ def ruler_niah(type_needle_v: str, queries: list[str], values: int, context: str
 @pytest.mark.parametrize("family", ["single", "multikey", "multivalue", "multiquery"])
 @pytest.mark.parametrize("value_type", ["numbers", "uuids"])
 def test_niah_asks_with_ruler_s_template(family, value_type):
-    bench = make_bench("niah", {"family": family, "value_type": value_type, "needles": 3})
+    bench = make_bench("niah", {"family": family, "value_type": value_type, **({"needles": 3} if family != "single" else {})})
     for item in bench.items:
         keys = list(dict.fromkeys(re.search(r"for (\S+) is:", n.text)[1] for n in item.needles))
         queries = keys if family == "multiquery" else keys[:1]
@@ -274,6 +274,28 @@ def test_options_are_checked():
         make_bench("vt", {"depths": (50, 150)})
     assert make_bench("passkey", {"lengths": "1024,2048"}).options.lengths == (1024, 2048)
     assert len(make_bench("niah", {"samples": 3, "limit": 7})) == 7
+
+
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("vt", {}),
+        ("vt", {"chains": 3, "hops": 12}),
+        ("niah", {}),
+        ("niah", {"family": "multikey", "needles": 6}),
+        ("niah", {"family": "multivalue", "needles": 5}),
+    ],
+)
+def test_the_needles_bound_is_no_more_than_an_item_s_needles_take(name, options, tiny):
+    """needle_words, which refuses a length before any item is made, is a lower bound on the
+    tokens the item's needles and worked example take; past the length, refused at once."""
+    bench = make_bench(name, {"lengths": (4096,), "depths": (50,), "samples": 1, **options})
+    item = bench.items[0]
+    taken = sum(len(tiny.tokenize(text)) for text in [item.before, *(n.text for n in item.needles)] if text)
+    assert 0 < bench.needle_words() <= taken
+    too_many = {"hops": 100_000} if name == "vt" else {"family": options.get("family", "multikey"), "needles": 100_000, "key_type": "uuids"}
+    with pytest.raises(DataError, match=rf"{name}: an item's needles take at least \d+ tokens, more than length 256 holds"):
+        make_bench(name, {**options, **too_many, "lengths": (256,)})
 
 
 def test_a_run_on_the_tiny_model_reports_every_cell(tiny):

@@ -131,8 +131,8 @@ class GSM8KOptions(Options):
     chat: bool = option(False, "Ask through the model's chat template, with an instruction to end with '#### N'.")
     max_tokens: int = option(256, "Tokens generated per problem.", minimum=1)
     # All are generated before --limit picks the first: 100000000 grew memory until killed.
-    problems: int = option(200, "Generated problems (without --data).", minimum=1, maximum=100_000)
-    data_seed: int = option(0, "Seed of the generated problems (without --data).", minimum=0)
+    problems: int = option(200, "Generated problems (without --data).", minimum=1, maximum=100_000, only=("data", (None,)))
+    data_seed: int = option(0, "Seed of the generated problems (without --data).", minimum=0, only=("data", (None,)))
 
 
 class GSM8K(GenerationBenchmark):

@@ -277,7 +277,9 @@ class HaystackCell:
 
 @dataclass(frozen=True)
 class LongContextOptions(Options):
-    data: str | None = option(None, "Filler text: a file, a folder of .txt files or hf:NAME. Default: the bundled encyclopedia.")
+    data: str | None = option(
+        None, "Filler text (with --haystack text): a file, a folder of .txt files or hf:NAME. Default: the bundled encyclopedia.", only=("haystack", ("text",))
+    )
     haystack: str = option("text", "Filler: text (--data, RULER's essays) or noise (RULER's repeated sentences).", choices=HAYSTACKS)
     limit: int | None = option(None, "Items to evaluate, spread over the grid (default: all).", minimum=1)
     lengths: tuple[int, ...] = option((1024, 2048, 4096), "Lengths in the model's tokens: prompt (chat template included) and answer.", minimum=64)
@@ -312,10 +314,24 @@ class LongContextBenchmark(GenerationBenchmark):
     def max_tokens(self) -> int:
         return self.options.max_tokens  # every subclass's options have it
 
+    def needle_words(self) -> int:
+        """The fewest words an item's needles and worked example take, from the options alone:
+        each word is a token or more, so a length that cannot hold them is refused before any
+        item is made (100,000 chains of variables took minutes to make, then did not fit)."""
+        return 0
+
     def load(self) -> None:
         o = self.options
         if any(d > 100 for d in o.depths):
             raise DataError(f"{self.name}: depths are percentages from 0 to 100, got {max(o.depths)}")
+        least, room = self.needle_words(), min(o.lengths) - self.max_tokens
+        if room <= 0:
+            raise DataError(f"{self.name}: length {min(o.lengths)} is too short with max_tokens {self.max_tokens}: give longer --lengths or fewer --max-tokens")
+        if least > room:
+            raise DataError(
+                f"{self.name}: an item's needles take at least {least} tokens, more than length {min(o.lengths)} holds beside "
+                f"{self.max_tokens} to generate: give fewer needles or longer --lengths"
+            )
         grid = [HaystackCell(n, d, s) for n in o.lengths for d in o.depths for s in range(o.samples)]
         if o.limit is not None and o.limit < len(grid):
             grid = [grid[i] for i in np.unique(np.linspace(0, len(grid) - 1, o.limit).round().astype(int))]

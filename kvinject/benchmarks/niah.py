@@ -54,7 +54,7 @@ class NiahOptions(LongContextOptions):
     )
     key_type: str = option("words", "Keys: adjective-noun words or UUIDs (RULER's multikey_3).", choices=("words", "uuids"))
     value_type: str = option("numbers", "Values: 7-digit numbers or UUIDs.", choices=("numbers", "uuids"))
-    needles: int = option(4, "Needles of the multi- families: keys (multikey, multiquery) or values (multivalue).", minimum=2)
+    needles: int = option(4, "Needles of the multi- families: keys (multikey, multiquery) or values (multivalue).", minimum=2, only=("family", FAMILIES[1:]))
     max_tokens: int = option(128, "Tokens generated per item (RULER's tokens_to_generate).", minimum=1)
 
 
@@ -74,6 +74,10 @@ class Niah(LongContextBenchmark):
         if o.key_type == "words" and o.family in ("multikey", "multiquery") and o.needles > len(ADJECTIVES) * len(NOUNS):
             raise DataError(f"niah: {o.needles} needles need more keys than the {len(ADJECTIVES) * len(NOUNS)} word keys: use --key-type uuids")
         super().load()
+
+    def needle_words(self) -> int:
+        """A needle is 10 words or more (One of the special magic numbers for KEY is: VALUE.)."""
+        return 10 * (1 if self.options.family == "single" else self.options.needles)
 
     def make_item(self, rng: np.random.Generator, cell: HaystackCell) -> HaystackItem:
         o = self.options

@@ -16,10 +16,19 @@ from ..exceptions import SpecError
 from ..values import optional, parse_scalar, split_list, unique
 
 
-def option(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
-    """A field of an Options dataclass: its default, one line of help, and the bounds its value
-    (or each element of a tuple value) must keep."""
-    return field(default=default, metadata={"help": help, "minimum": minimum, "maximum": maximum, "choices": choices})
+def option(
+    default: Any,
+    help: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    only: tuple[str, tuple[Any, ...]] | None = None,
+) -> Any:
+    """A field of an Options dataclass: its default, one line of help, the bounds its value (or
+    each element of a tuple value) must keep, and ``only`` = (option, values): it has an effect
+    only where that option has one of those values, and is refused where given otherwise."""
+    return field(default=default, metadata={"help": help, "minimum": minimum, "maximum": maximum, "choices": choices, "only": only})
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,10 @@ class Options:
         for name, value in values.items():
             if value is not None:
                 kwargs[name] = _convert(flag(name) if cli else name, known[name], hints[name], value)
-        return cls(**kwargs)
+        options = cls(**kwargs)
+        for name in kwargs:
+            _check_applies(options, name, known[name].metadata.get("only"), flag if cli else str)
+        return options
 
     def given(self) -> dict[str, Any]:
         """The options that differ from their defaults, as a grid's ``[bench.NAME]`` table gives
@@ -103,6 +115,19 @@ def _number(value: float) -> str:
 
 # A count or size past this reaches llama.cpp's int32 fields or Python's islice as an overflow, not a message.
 MAX_INT = 2**31 - 1
+
+
+def _check_applies(options: Options, name: str, only: tuple[str, tuple[Any, ...]] | None, named: Any) -> None:
+    """An option given where it changes nothing (niah's --needles with --family single) was
+    accepted and dropped without a word: refused, saying where it applies."""
+    if only is None or getattr(options, only[0]) in only[1]:
+        return
+    other, allowed = only
+    if allowed == (None,):
+        raise SpecError(f"{named(name)} applies only without {named(other)}, which replaces what it sets: leave one out")
+    current = getattr(options, other)
+    listed = " or ".join(map(str, allowed)) if len(allowed) < 3 else f"{', '.join(map(str, allowed[:-1]))} or {allowed[-1]}"
+    raise SpecError(f"{named(name)} applies only with {named(other)} {listed}, not {current}: leave it out or choose one of those")
 
 
 def _check(name: str, f: Field, value: Any) -> None:

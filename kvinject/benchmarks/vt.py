@@ -81,6 +81,11 @@ class VariableTracking(LongContextBenchmark):
     Options = VTOptions
     options: VTOptions
 
+    def needle_words(self) -> int:
+        """Each statement is 4 words or more (VAR A = 12345), the worked example's too."""
+        o = self.options
+        return 4 * o.chains * (o.hops + 1 + min(10, o.hops) + 1)
+
     def make_item(self, rng: np.random.Generator, cell: HaystackCell) -> HaystackItem:
         o = self.options
         per_chain, noise = o.hops + 1, o.haystack == "noise"

@@ -26,6 +26,7 @@ from ..engine.model import Model
 from ..engine.positions import GENERATION_SPANS, MAX_POSITION, Spans
 from ..error_models.configuration import Configuration
 from ..exceptions import DataError, SpecError
+from .executor import check_fits
 
 # Which positions a summary covers: the generated tokens (each decoded alone when cached), the
 # prompt (decoded in batch pieces), or both.
@@ -57,7 +58,8 @@ def bench_prompts(model: Model, bench: Benchmark) -> Prompts:
     """A generation benchmark's items, limit and stop test."""
     check_bench(bench)
     tokens = bench.prompts(model)
-    max_tokens, _ = bench.limits(tokens)
+    max_tokens, per_seq = bench.limits(tokens)
+    check_fits(bench.name, model, tokens, max_tokens, per_seq)
     spans = bench.item_spans(model) if set(bench.spans) - set(GENERATION_SPANS) else None
     return Prompts(tokens, max_tokens, bench.stop(model), spans, tuple(bench.spans), bench.name)
 
@@ -69,6 +71,7 @@ def text_prompts(model: Model, texts: Sequence[str], max_tokens: int) -> Prompts
     tokens = [model.tokenize(t) for t in texts]
     if not all(tokens):
         raise DataError("an empty prompt has nothing to generate after")
+    check_fits("divergence", model, tokens, max_tokens, max(map(len, tokens)) + max_tokens + 1)
     return Prompts(tokens, max_tokens)
 
 

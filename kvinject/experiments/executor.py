@@ -35,16 +35,22 @@ def evaluate(bench: Benchmark, model: Model, plan: Plan, seed: int, progress: Pr
     return bench.evaluate(model, plan, seed, progress, golden)
 
 
+def check_fits(name: str, model: Model, prompts: list[list[int]], max_tokens: int, per_seq: int) -> None:
+    """Prompts and their generation past the model's training context refused, before any
+    compute: there its positions mean nothing, and the memory runs out."""
+    if per_seq > model.n_ctx_train:
+        longest = max(map(len, prompts), default=0)
+        raise DataError(
+            f"{name}: the longest prompt is {longest} tokens, and with {max_tokens} to generate it needs {per_seq}, more than "
+            f"{model.path.name}'s training context of {model.n_ctx_train}: shorten the prompts (fewer shots, shorter data) or --max-tokens"
+        )
+
+
 def _generate(bench: GenerationBenchmark, model: Model, plan: Plan, seed: int, progress: Progress, golden: Golden | None) -> Iterator[RunResult]:
     """The planned runs of a generation benchmark, each item's generation scored by the bench and compared with the control's."""
     prompts = bench.prompts(model)
     max_tokens, per_seq = bench.limits(prompts)
-    if per_seq > model.n_ctx_train:  # before any compute: past it the model's positions mean nothing, and memory runs out
-        longest = max(map(len, prompts), default=0)
-        raise DataError(
-            f"{bench.name}: the longest prompt is {longest} tokens, and with {max_tokens} to generate it needs {per_seq}, more than "
-            f"{model.path.name}'s training context of {model.n_ctx_train}: shorten the prompts (fewer shots, shorter data) or --max-tokens"
-        )
+    check_fits(bench.name, model, prompts, max_tokens, per_seq)
     if golden is not None and len(golden.outputs) != len(prompts):  # its items are paired with these, one by one
         raise DataError(
             f"{bench.name}: the control's stored run scored {len(golden.outputs)} items, and its data now gives {len(prompts)}: the data changed "

@@ -28,7 +28,7 @@ NUMBER_LISTS = ["1024,1024", "1024,,2048", ",", "1024", "0", "-1", "1e10", "50,5
 PATHS_READ = ["missing.txt", ".", "/proc/version", "/dev/null", "empty.txt", KEPT, "missing/sub/x"]
 # Outputs: a folder, a system file, a device, a missing parent, an existing file, an input.
 PATHS_WRITTEN = ["out.x", ".", "/proc/version", "/dev/full", "missing/sub/x.out", KEPT, STORE, "grid.toml", "-"]
-RUN = ["--runs", "1", "--model", MODEL]
+RUN = ["--runs", "2", "--model", MODEL]  # 2: a control with randomness (--control, --temperature) then has runs of its own
 LENGTHS = ["--lengths", "1024", "--depths", "50", "--samples", "1", "--max-tokens", "2"]
 BENCHES = {  # the smallest run of each registered bench
     "nexttoken": ["--limit", "1"],
@@ -104,6 +104,59 @@ MEANINGS: dict[str, list[str]] = {
 }
 
 
+# lm-eval's own options (its `run` parser, which `kvinject lm-eval` passes them to), by meaning
+# or else by type; left out: those that send results over the network, write lm-eval's request
+# cache into its own install, or run a dataset's or task's code.
+LM_EVAL_LEFT_OUT = {"--help", "--wandb_args", "--wandb_config_args", "--trackio_args", "--hf_hub_log_args", "--cache_requests", "--use_cache"}
+LM_EVAL_LEFT_OUT |= {"--check_integrity", "--trust_remote_code", "--confirm_run_unsafe_code"}
+LM_EVAL_MEANINGS: dict[str, list[str]] = {
+    "--model_args": MEANINGS["--model_args"],
+    "--tasks": ["kvinject_nextword", "a,a", "a,,b", ",", "bogus", ""],
+    "--model": ["kvinject", "hf", "bogus", ""],
+    "--limit": ["0", "-1", "nan", "inf", "0.5", "1_000", "0x10", "1e-400", "", "١"],  # not 1e10: valid, a whole task
+    "--config": PATHS_READ,
+    "--include_path": PATHS_READ,
+    "--output_path": PATHS_WRITTEN,
+    "--samples": [*PATHS_READ, "{}", '{"kvinject_nextword": [0, 0]}', "bogus"],
+    "--batch_size": ["1", "auto", "0", "-1", "bogus", "1e10", ""],
+    "--device": ["cpu", "bogus", ""],
+    "--gen_kwargs": MEANINGS["--gen-kwargs"],
+    "--metadata": ["a=1", "bogus", "", "max_length=1e10"],
+    "--seed": ["1", "1,2,3,4", "1,1", "bogus", "nan", "1e10", ""],
+    "--verbosity": ["INFO", "bogus", ""],
+    "--apply_chat_template": ["", "bogus"],
+    "--fewshot_as_multiturn": ["true", "bogus", ""],
+    "--system_instruction": ["Be brief.", ""],
+}
+
+
+def lm_eval_options() -> list[Any]:
+    """lm-eval's `run` options but those left out, each an argparse action."""
+    from lm_eval._cli import HarnessCLI
+
+    return [a for a in HarnessCLI()._subparsers.choices["run"]._actions if a.option_strings and not set(a.option_strings) & LM_EVAL_LEFT_OUT]
+
+
+def lm_eval_values(action: Any) -> list[str] | None:
+    name = action.option_strings[0]
+    if name in LM_EVAL_MEANINGS:
+        return LM_EVAL_MEANINGS[name]
+    if action.nargs == 0:
+        return [""]  # a flag: given
+    return NUMBERS if action.type in (int, float) else None
+
+
+def lm_eval_with(base: list[str], action: Any, value: str) -> list[str]:
+    """``base`` with one of lm-eval's options set to ``value``: replaced where the base gives it."""
+    if action.nargs == 0:
+        return [*base, action.option_strings[0]]
+    for opt in action.option_strings:
+        if opt in base[:-1]:
+            i = base.index(opt)
+            return [*base[: i + 1], value, *base[i + 2 :]]
+    return [*base, f"{action.option_strings[0]}={value}" if value.startswith("-") else action.option_strings[0], *([] if value.startswith("-") else [value])]
+
+
 def options(command: str) -> list[Any]:
     return [p for p in commands()[command].params if not (is_option(p) and flag(p) == "--help")]
 
@@ -132,6 +185,7 @@ def missing() -> list[str]:
     out = [f"kvinject {c}: no smallest command in BASES" for c in commands() if c not in BASES]
     out += [f"kvinject {c} {flag(p)}: no strategy" for c in commands() for p in options(c) if values(p) is None]
     out += [f"bench {name}: no smallest run in BENCHES" for name in BENCHMARKS if name not in BENCHES]
+    out += [f"kvinject lm-eval {a.option_strings[0]}: no strategy" for a in lm_eval_options() if lm_eval_values(a) is None]
     out += [f"error model {name}: no documented example" for name, cls in REGISTRY.items() if not getattr(cls, "example", None)]
     return out
 
@@ -185,9 +239,10 @@ def with_value(base: list[str], param: Any, value: str) -> list[str]:
 def single(command: str) -> Iterator[list[str]]:
     """Every base of ``command``, then each with one option at a time set to each of its values."""
     yield from BASES[command]
-    if command == "lm-eval":  # its options are lm-eval's: only --model_args is kvinject's
-        for value in MEANINGS["--model_args"]:
-            yield [*BASES["lm-eval"][0][:1], value, *BASES["lm-eval"][0][2:]]
+    if command == "lm-eval":  # its options are lm-eval's own, passed on
+        for action in lm_eval_options():
+            for value in lm_eval_values(action) or []:
+                yield lm_eval_with(BASES["lm-eval"][0], action, value)
         return
     for param in options(command):
         for base in _bases_for(command, param):

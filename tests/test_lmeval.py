@@ -393,3 +393,25 @@ def test_a_task_folder_that_is_not_one_is_refused(tmp_path, command, where, said
     (tmp_path / "empty").mkdir()
     out = kvinject(*command, str(tmp_path / where))
     assert out.returncode == 2 and out.stderr.strip() == f"error: {command[-1]} {tmp_path / where}: {said}", out.stderr
+
+
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        (["--tasks", "no_such_task"], "error: lm-eval: Tasks not found: no_such_task"),
+        (["-t", "kvinject_nextword", "--bogus"], "error: lm-eval: unrecognized arguments: --bogus"),
+        (["-t", "kvinject_nextword", "-M", "no_such_model"], "error: lm-eval: Attempted to load model 'no_such_model'"),
+        (["-t", "kvinject_nextword", "--limit", "nan"], "error: --limit must be a number, got 'nan'"),
+        (["-t", "kvinject_nextword", "-L", "0"], "error: --limit must be above 0"),
+        (["-t", "kvinject_nextword", "-f", "1_000"], "error: --num_fewshot must be an integer, got '1_000'"),
+        (["-t", "kvinject_nextword", "-a", "batch_size=4"], "error: --model_args: batch_size is lm-eval's own option: give it as --batch_size"),
+        (["-t", "kvinject_nextword,kvinject_nextword"], "error: --tasks gives 'kvinject_nextword' twice"),
+        (["-t", "kvinject_nextword", "-L", "1", "--verbosity", "bogus"], "error: --verbosity must be a logging level"),
+    ],
+)
+def test_what_lm_eval_refuses_reaches_the_user_in_one_line(given, said):
+    """lm-eval's argument parser's usage, and the tracebacks of its task loader, model registry,
+    `--limit nan` and a model argument it passes itself, before any request reaches the model."""
+    out = kvinject("lm-eval", *given)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error")]
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(errors) == 1 and errors[0].startswith(said), out.stderr

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -13,11 +16,21 @@ from ..benchmarks.lmeval import TASKS
 from ..exceptions import KvinjectError
 from ..files import write_text
 from ..jsonutil import dumps
-from ..values import split_list, unique
+from ..lmeval.settings import LM_EVAL_OWN
+from ..values import parse_float, parse_int, split_list, unique
 from .outputs import check_writable
 
 # lm-eval's subcommands; without one, lm-eval runs `run`.
 SUBCOMMANDS = ("run", "ls", "validate")
+# lm-eval's flags that kvinject reads, each with its short form (lm-eval's `run` parser).
+MODEL, MODEL_ARGS, TASKS_FLAGS, LIMIT, FEWSHOT, OUTPUT = (
+    ("--model", "-M"),
+    ("--model_args", "-a"),
+    ("--tasks", "-t"),
+    ("--limit", "-L"),
+    ("--num_fewshot", "-f"),
+    ("--output_path", "-o"),
+)
 
 PREFACE = """kvinject lm-eval ARGS: lm-evaluation-harness's command line, with --model kvinject (the default here).
 
@@ -46,17 +59,17 @@ def lm_eval(ctx: typer.Context) -> None:
     if "-h" in args or "--help" in args:
         print(PREFACE)
     else:
-        if command == "run" and not any(a == "--model" or a.startswith("--model=") for a in args):
+        if command == "run" and not any(a in MODEL or a.startswith(tuple(f + "=" for f in MODEL)) for a in args):
             args += ["--model", "kvinject"]  # here the default; lm-eval's own is hf
         if not any(a.startswith("--include_path") for a in args):
             args += ["--include_path", str(TASKS)]  # kvinject's own tasks; lm-eval's CLI takes one folder
-    _check_model_args(args)
+    _check_args(args)
     include = _value(args, "--include_path")
     if include is not None:
         from ..lmeval.tasks import check_include_path
 
         check_include_path(include, "--include_path")
-    output = _value(args, "--output_path", "-o")
+    output = _value(args, *OUTPUT)
     if output and command == "run":
         path = Path(output)
         if path.suffix == ".json":  # a file, kvinject's beside it
@@ -64,7 +77,8 @@ def lm_eval(ctx: typer.Context) -> None:
         else:  # a folder of results (and --log_samples' logs), made if missing
             check_writable(folders={"--output_path": path})
     sys.argv = ["lm-eval", *args]
-    cli_evaluate()
+    with _refusals_in_one_line(KvinjectLM):
+        cli_evaluate()
     for lm in KvinjectLM.instances:
         Console(stderr=True).print(f"kvinject: {lm.configuration.label}: {lm.realized_line()}", markup=False, highlight=False, soft_wrap=True)
     if output and KvinjectLM.instances:  # beside lm-eval's results: what reached the cache
@@ -81,14 +95,40 @@ def _own_output(path: Path) -> Path:
     return path.with_suffix(".kvinject.json") if path.suffix == ".json" else path / "kvinject.json"
 
 
-def _check_model_args(args: list[str]) -> None:
-    """Each --model_args piece is key=value, each key once. An error spec's comma ends a piece
-    where lm-eval splits them, and lm-eval's own message ("expected `key=value`, got '0.25'")
-    does not say why. --tasks, as every list, names each task once."""
-    given = [a.split("=", 1)[1] for a in args if a.startswith("--model_args=")]
-    if "--model_args" in args:
-        after = args[args.index("--model_args") + 1 :]
-        given += after[: next((i for i, a in enumerate(after) if a.startswith("-")), len(after))]
+@contextmanager
+def _refusals_in_one_line(model: type) -> Iterator[None]:
+    """lm-eval's refusals of what the user gave, in one line: its argument parser's (a usage
+    and exit 2), and what it raises reading the tasks, the limit and the model before a request
+    reaches a kvinject ``model`` ("Tasks not found", a model name it lacks). An error after that
+    is not the user's, and keeps its traceback."""
+    import argparse
+
+    def refuse(parser: argparse.ArgumentParser, message: str) -> None:
+        raise KvinjectError(f"lm-eval: {message} (kvinject lm-eval --help lists its options)")
+
+    original = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = refuse
+    try:
+        yield
+    except (ValueError, TypeError, LookupError, OSError) as e:
+        if any(lm.started for lm in model.instances):
+            raise
+        raise KvinjectError(f"lm-eval: {e}") from None
+    finally:
+        argparse.ArgumentParser.error = original
+
+
+def _check_args(args: list[str]) -> None:
+    """Each --model_args piece is key=value, each key once and not one of lm-eval's own. An
+    error spec's comma ends a piece where lm-eval splits them, and lm-eval's own message
+    ("expected `key=value`, got '0.25'") does not say why. --tasks, as every list, names each
+    task once; --limit and --num_fewshot are read as kvinject reads numbers, --verbosity as
+    the logging level lm-eval sets it to."""
+    given = [a.split("=", 1)[1] for a in args if a.startswith(tuple(f + "=" for f in MODEL_ARGS))]
+    for i, a in enumerate(args):
+        if a in MODEL_ARGS:
+            after = args[i + 1 :]
+            given += after[: next((j for j, b in enumerate(after) if b.startswith("-")), len(after))]
     keys = []
     for token in given:
         pieces = re.findall(r"""(?:[^,"']|"[^"]*"|'[^']*')+""", token)
@@ -101,9 +141,21 @@ def _check_model_args(args: list[str]) -> None:
                     f"""'{key}="{value},{piece}"' (in single quotes for the shell)"""
                 )
     unique("--model_args", keys)  # lm-eval would keep the last value of a key given twice
-    tasks = _value(args, "--tasks")
+    own = next((k for k in keys if k in LM_EVAL_OWN), None)
+    if own is not None:  # lm-eval passes its own as well: "got multiple values for keyword argument"
+        raise KvinjectError(f"--model_args: {own} is lm-eval's own option: give it as --{own}")
+    tasks = _value(args, *TASKS_FLAGS)
     if tasks:
         unique("--tasks", split_list("--tasks", tasks))
+    limit = _value(args, *LIMIT)
+    if limit is not None and parse_float("--limit", limit) <= 0:
+        raise KvinjectError(f"--limit must be above 0 (below 1: a fraction of each task's items), got {limit}")
+    fewshot = _value(args, *FEWSHOT)
+    if fewshot is not None and parse_int("--num_fewshot", fewshot) < 0:
+        raise KvinjectError(f"--num_fewshot must be at least 0, got {fewshot}")
+    verbosity = _value(args, "--verbosity", "-v")  # lm-eval sets it after the evaluation: a bad one lost the results
+    if verbosity is not None and verbosity.upper() not in logging.getLevelNamesMapping():
+        raise KvinjectError(f"--verbosity must be a logging level (DEBUG, INFO, WARNING, ERROR, CRITICAL), got {verbosity!r}")
 
 
 def _value(args: list[str], *flags: str) -> str | None:

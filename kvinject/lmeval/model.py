@@ -76,6 +76,11 @@ class KvinjectLM(TemplateLM):
             self._ctx.close()
 
     @property
+    def started(self) -> bool:
+        """Whether a request has reached it (its context is made with the first)."""
+        return self._ctx is not None
+
+    @property
     def context(self) -> Context:
         """One context for every request: ``parallel`` sequences of ``max_length`` tokens."""
         if self._ctx is None:

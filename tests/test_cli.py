@@ -57,6 +57,8 @@ def test_errors_lists_every_registered_model():
         (["run", "--bench", "nexttoken", "--seed", "-1"], "'--seed': Input should be greater than or equal to 0"),
         (["run", "--bench", "ifeval", "--temperature", "nan"], "--temperature must be a number, got 'nan'"),
         (["run", "--bench", "nexttoken", "--runs", "1000000000"], "--runs must be between 1 and 10000, got 1000000000"),
+        (["run", "--bench", "nexttoken", "--format", "json", "--wide"], "--wide applies to --format table, not json: leave it out"),
+        (["report", "docs/faults.results.sqlite", "--format", "csv", "--wide"], "--wide applies to --format table, not csv: leave it out"),
         (["profile", "--error", "normal:0,0.5", "--runs", "0"], "--runs must be between 1 and 10000, got 0"),
         (["tune", "--bits", "3", "--runs", "10001"], "--runs must be between 1 and 10000, got 10001"),
         (["run", "--bench", "niah", "--needles", "3"], "niah: --needles applies only with --family multikey, multivalue or multiquery, not single"),

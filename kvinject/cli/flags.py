@@ -181,6 +181,12 @@ def check_ctx(value: int) -> None:
         raise KvinjectError(f"--ctx must be between 1 and {MAX_CTX} tokens, got {value}")
 
 
+def check_wide(wide: bool, output_format: str) -> None:
+    """--wide shapes the terminal's tables: with another --format it would change nothing."""
+    if wide and output_format != "table":
+        raise KvinjectError(f"--wide applies to --format table, not {output_format}: leave it out")
+
+
 def check_format(value: str, formats: Sequence[str] = ("table", "json")) -> None:
     """Refuse an output format the command does not write."""
     if value not in formats:

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from ..exceptions import KvinjectError
 from ..values import split_list, unique
-from .flags import WideOpt, check_format
+from .flags import WideOpt, check_format, check_wide
 from .outputs import check_writable
 from .render import console, print_table
 
@@ -106,6 +106,7 @@ def report(
     from ..analysis.report import FORMATS, load_records, select
 
     check_format(output_format, FORMATS)
+    check_wide(wide, output_format)
     if metric and all_metrics:
         raise KvinjectError("--metric picks one metric and --all-metrics shows every one: give one of them")
     stores = unique("report's stores", stores, key=lambda p: p.resolve())

@@ -16,7 +16,7 @@ from ..files import is_stdout, write_text
 from ..interrupts import caught, exit_code, stopped
 from ..jsonutil import dumps
 from ..values import check_runs
-from .flags import ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, WideOpt, bench_flags, setup_flags
+from .flags import ErrorOpt, FormatOpt, HeadsOpt, LayersOpt, PositionsOpt, SeedOpt, Setup, TargetOpt, WideOpt, bench_flags, check_wide, setup_flags
 from .outputs import check_writable
 from .render import console, print_table, progress_bars
 
@@ -62,6 +62,7 @@ def run_command(
     from ..experiments.store import Store, temporary_store
 
     check_runs("--runs", runs)
+    check_wide(wide, output_format)
     cache = setup.cache
     tgt = Target.parse(target, layers, positions, heads)
     configs = configurations(control, error or [], tgt, cache)

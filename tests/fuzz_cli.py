@@ -92,7 +92,7 @@ MEANINGS: dict[str, list[str]] = {
     "--time": ["1:00:00", "", "bogus", "-1"],
     "--partition": ["gpu", "", "a b"],
     "--gres": ["gpu:1", "", "bogus"],
-    "--sbatch-arg": ["--mem=1G", "", "--output=/proc/version"],
+    "--sbatch-arg": ["--mem=1G", "", "--output=/proc/version", "--arr=0-3", "-a0-3", "-t 10", "--", "--gres-flags=enforce-binding"],
     "--gen-kwargs": ["temperature=0", "bogus", "", "max_gen_toks=1e10"],
     "--exclude-instructions": ["punctuation:no_comma", "a,a", "a,,b", ",", "bogus"],
     "--task": ["kvinject_nextword", "a,a", "a,,b", ",", "bogus"],
@@ -130,11 +130,30 @@ LM_EVAL_MEANINGS: dict[str, list[str]] = {
 }
 
 
-def lm_eval_options() -> list[Any]:
-    """lm-eval's `run` options but those left out, each an argparse action."""
+def lm_eval_parser() -> Any:
     from lm_eval._cli import HarnessCLI
 
-    return [a for a in HarnessCLI()._subparsers.choices["run"]._actions if a.option_strings and not set(a.option_strings) & LM_EVAL_LEFT_OUT]
+    return HarnessCLI()._subparsers.choices["run"]
+
+
+def lm_eval_options() -> list[Any]:
+    """lm-eval's `run` options but those left out, each an argparse action."""
+    return [a for a in lm_eval_parser()._actions if a.option_strings and not set(a.option_strings) & LM_EVAL_LEFT_OUT]
+
+
+def lm_eval_spellings(action: Any, value: str) -> list[list[str]]:
+    """Each way lm-eval's parser reads ``action`` given ``value``: `--flag V`, `--flag=V`, a
+    prefix of the long form where no other option shares it, and with a short form `-f V` and
+    `-fV` (kvinject reads the flags it checks as that parser does)."""
+    long, shorts = action.option_strings[0], [o for o in action.option_strings if not o.startswith("--")]
+    apart = value and not value.startswith("-")  # "-1" apart would read as a flag
+    ways = [[long, value] if apart else [f"{long}={value}"], [f"{long}={value}"]]
+    prefix = long[:-1]
+    if not [o for o in lm_eval_parser()._option_string_actions if o.startswith(prefix) and o != long]:
+        ways.append([prefix, value] if apart else [f"{prefix}={value}"])
+    for short in shorts:
+        ways += [[short, value] if apart else [short + value], [short + value] if value else [short, value]]
+    return ways
 
 
 def lm_eval_values(action: Any) -> list[str] | None:
@@ -146,15 +165,15 @@ def lm_eval_values(action: Any) -> list[str] | None:
     return NUMBERS if action.type in (int, float) else None
 
 
-def lm_eval_with(base: list[str], action: Any, value: str) -> list[str]:
-    """``base`` with one of lm-eval's options set to ``value``: replaced where the base gives it."""
+def lm_eval_with(base: list[str], action: Any, value: str, spelling: int = 0) -> list[str]:
+    """``base`` with one of lm-eval's options set to ``value``, written the ``spelling``-th way
+    (cycled) of :func:`lm_eval_spellings`, in place of the base's own where it gives one."""
     if action.nargs == 0:
         return [*base, action.option_strings[0]]
-    for opt in action.option_strings:
-        if opt in base[:-1]:
-            i = base.index(opt)
-            return [*base[: i + 1], value, *base[i + 2 :]]
-    return [*base, f"{action.option_strings[0]}={value}" if value.startswith("-") else action.option_strings[0], *([] if value.startswith("-") else [value])]
+    ways = lm_eval_spellings(action, value)
+    given = next((base.index(o) for o in action.option_strings if o in base[:-1]), None)
+    rest = base if given is None else [*base[:given], *base[given + 2 :]]
+    return [*rest, *ways[spelling % len(ways)]]
 
 
 def options(command: str) -> list[Any]:
@@ -241,8 +260,8 @@ def single(command: str) -> Iterator[list[str]]:
     yield from BASES[command]
     if command == "lm-eval":  # its options are lm-eval's own, passed on
         for action in lm_eval_options():
-            for value in lm_eval_values(action) or []:
-                yield lm_eval_with(BASES["lm-eval"][0], action, value)
+            for spelling, value in enumerate(lm_eval_values(action) or []):
+                yield lm_eval_with(BASES["lm-eval"][0], action, value, spelling)
         return
     for param in options(command):
         for base in _bases_for(command, param):

@@ -182,12 +182,16 @@ def test_a_grid_refuses_identical_bench_tables_and_one_model_by_two_paths(tmp_pa
 
 
 def test_lm_eval_lists_are_checked():
-    from kvinject.cli.harness import _check_args
+    from kvinject.cli.harness import _check_args, _given
 
     with pytest.raises(SpecError, match="--model_args gives 'error' twice"):
-        _check_args(["--model_args", "error=none,seed=1,error=none"])
+        _check_args(_given("run", ["--model_args", "error=none,seed=1,error=none"]))
+    with pytest.raises(SpecError, match="--model_args gives 'error' twice"):  # lm-eval merges every --model_args
+        _check_args(_given("run", ["-a", "error=none", "--model_args=seed=1", "-aerror=none"]))
     with pytest.raises(SpecError, match="--tasks gives 'gsm8k' twice"):
-        _check_args(["--tasks", "gsm8k,gsm8k"])
+        _check_args(_given("run", ["--tasks", "gsm8k,gsm8k"]))
+    with pytest.raises(SpecError, match="--tasks gives 'gsm8k' twice"):
+        _check_args(_given("run", ["-t", "gsm8k", "--tasks", "arc_easy", "gsm8k"]))
     with pytest.raises(SpecError, match="--model_args: layers gives '1' twice"):
         from kvinject.lmeval.settings import Settings
 

@@ -386,13 +386,20 @@ def test_a_spec_s_comma_in_model_args_says_how_to_quote_it(given):
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [said + """'error="normal:0,0.25"' (in single quotes for the shell)"""], out.stderr
 
 
-@pytest.mark.parametrize("command", [["run", "-b", "lmeval", "--task", "kvinject_nextword", "--include-path"], ["lm-eval", "--tasks", "x", "--include_path"]])
+@pytest.mark.parametrize(
+    "command, flag",
+    [
+        (["run", "-b", "lmeval", "--task", "kvinject_nextword", "--include-path"], "--include-path"),
+        (["lm-eval", "--tasks", "x", "--include_path"], "--include_path"),
+        (["lm-eval", "ls", "tasks", "--include"], "--include_path"),  # a prefix, as lm-eval's parser reads it
+    ],
+)
 @pytest.mark.parametrize("where, said", [("missing", "no such folder (a folder of lm-eval task YAMLs)"), ("empty", "the folder holds no task YAMLs")])
-def test_a_task_folder_that_is_not_one_is_refused(tmp_path, command, where, said):
+def test_a_task_folder_that_is_not_one_is_refused(tmp_path, command, flag, where, said):
     """lm-eval skipped a folder that does not exist without a word, and kvinject recorded the path."""
     (tmp_path / "empty").mkdir()
     out = kvinject(*command, str(tmp_path / where))
-    assert out.returncode == 2 and out.stderr.strip() == f"error: {command[-1]} {tmp_path / where}: {said}", out.stderr
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {flag} {tmp_path / where}: {said}", out.stderr
 
 
 @pytest.mark.parametrize(
@@ -407,6 +414,16 @@ def test_a_task_folder_that_is_not_one_is_refused(tmp_path, command, where, said
         (["-t", "kvinject_nextword", "-a", "batch_size=4"], "error: --model_args: batch_size is lm-eval's own option: give it as --batch_size"),
         (["-t", "kvinject_nextword,kvinject_nextword"], "error: --tasks gives 'kvinject_nextword' twice"),
         (["-t", "kvinject_nextword", "-L", "1", "--verbosity", "bogus"], "error: --verbosity must be a logging level"),
+        # each flag as lm-eval's parser also reads it: a short form's value attached, a prefix of the long one
+        (["-tkvinject_nextword", "-Lnan"], "error: --limit must be a number, got 'nan'"),
+        (["-t", "kvinject_nextword", "--lim=0"], "error: --limit must be above 0"),
+        (["--task", "kvinject_nextword", "--num", "1_000"], "error: --num_fewshot must be an integer, got '1_000'"),
+        (["-t", "kvinject_nextword", "--model_a", "batch_size=4"], "error: --model_args: batch_size is lm-eval's own option"),
+        (["-t", "kvinject_nextword", "-t", "kvinject_nextword"], "error: --tasks gives 'kvinject_nextword' twice"),
+        (["-t", "kvinject_nextword", "-L", "1", "--verb", "bogus"], "error: --verbosity must be a logging level"),
+        (["-t", "kvinject_nextword", "-Mno_such_model"], "error: lm-eval: Attempted to load model 'no_such_model'"),
+        (["-t", "kvinject_nextword", "--mod", "kvinject"], "error: lm-eval: ambiguous option: --mod could match --model, --model_args"),
+        (["validate", "-t", "kvinject_nextword,kvinject_nextword"], "error: --tasks gives 'kvinject_nextword' twice"),
     ],
 )
 def test_what_lm_eval_refuses_reaches_the_user_in_one_line(given, said):

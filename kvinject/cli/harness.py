@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
 import logging
 import re
 import sys
@@ -22,15 +24,6 @@ from .outputs import check_writable
 
 # lm-eval's subcommands; without one, lm-eval runs `run`.
 SUBCOMMANDS = ("run", "ls", "validate")
-# lm-eval's flags that kvinject reads, each with its short form (lm-eval's `run` parser).
-MODEL, MODEL_ARGS, TASKS_FLAGS, LIMIT, FEWSHOT, OUTPUT = (
-    ("--model", "-M"),
-    ("--model_args", "-a"),
-    ("--tasks", "-t"),
-    ("--limit", "-L"),
-    ("--num_fewshot", "-f"),
-    ("--output_path", "-o"),
-)
 
 PREFACE = """kvinject lm-eval ARGS: lm-evaluation-harness's command line, with --model kvinject (the default here).
 
@@ -56,20 +49,20 @@ def lm_eval(ctx: typer.Context) -> None:
 
     args = list(ctx.args) or ["run", "--help"]
     command = args[0] if args[0] in SUBCOMMANDS else "run"
+    given = _given(command, args[1:] if args[0] == command else args)
     if "-h" in args or "--help" in args:
         print(PREFACE)
     else:
-        if command == "run" and not any(a in MODEL or a.startswith(tuple(f + "=" for f in MODEL)) for a in args):
+        if command == "run" and given.model is None:
             args += ["--model", "kvinject"]  # here the default; lm-eval's own is hf
-        if not any(a.startswith("--include_path") for a in args):
+        if given.include_path is None:
             args += ["--include_path", str(TASKS)]  # kvinject's own tasks; lm-eval's CLI takes one folder
-    _check_args(args)
-    include = _value(args, "--include_path")
-    if include is not None:
+    _check_args(given)
+    if given.include_path is not None:
         from ..lmeval.tasks import check_include_path
 
-        check_include_path(include, "--include_path")
-    output = _value(args, *OUTPUT)
+        check_include_path(given.include_path, "--include_path")
+    output = getattr(given, "output_path", None)
     if output and command == "run":
         path = Path(output)
         if path.suffix == ".json":  # a file, kvinject's beside it
@@ -101,13 +94,9 @@ def _refusals_in_one_line(model: type) -> Iterator[None]:
     and exit 2), and what it raises reading the tasks, the limit and the model before a request
     reaches a kvinject ``model`` ("Tasks not found", a model name it lacks). An error after that
     is not the user's, and keeps its traceback."""
-    import argparse
-
-    def refuse(parser: argparse.ArgumentParser, message: str) -> None:
-        raise KvinjectError(f"lm-eval: {message} (kvinject lm-eval --help lists its options)")
 
     original = argparse.ArgumentParser.error
-    argparse.ArgumentParser.error = refuse
+    argparse.ArgumentParser.error = _refuse
     try:
         yield
     except (ValueError, TypeError, LookupError, OSError) as e:
@@ -118,19 +107,42 @@ def _refusals_in_one_line(model: type) -> Iterator[None]:
         argparse.ArgumentParser.error = original
 
 
-def _check_args(args: list[str]) -> None:
+def _refuse(parser: argparse.ArgumentParser, message: str) -> None:
+    """An lm-eval argument parser's error, in one line."""
+    raise KvinjectError(f"lm-eval: {message} (kvinject lm-eval --help lists its options)")
+
+
+def _given(command: str, args: list[str]) -> argparse.Namespace:
+    """What ``args`` give each option of lm-eval's ``command``, read as its own parser reads
+    them (short forms, `-Mhf`, `--flag=VALUE`, a prefix such as `--lim`) but left as the text
+    typed: each option's last value, all values of those that take several. Options it does
+    not know are left to lm-eval's parser to refuse."""
+    from lm_eval._cli.harness import HarnessCLI  # lm-eval 0.4's parsers (the extra's pin)
+
+    theirs = HarnessCLI()._subparsers.choices[command]
+    raw = argparse.ArgumentParser(add_help=False, allow_abbrev=theirs.allow_abbrev)
+    raw.error = functools.partial(_refuse, raw)  # type: ignore[method-assign]
+    for action in theirs._actions:
+        if not action.option_strings:
+            raw.add_argument(action.dest, nargs=action.nargs)
+        elif action.nargs == 0:
+            raw.add_argument(*action.option_strings, dest=action.dest, action="store_true")
+        elif type(action) is argparse._StoreAction:  # the last value given
+            raw.add_argument(*action.option_strings, dest=action.dest, nargs=action.nargs, const=action.const)
+        else:  # lm-eval's own actions gather every value given (--tasks, --model_args)
+            raw.add_argument(*action.option_strings, dest=action.dest, nargs=action.nargs, action="extend" if action.nargs in ("+", "*") else "append")
+    given, _ = raw.parse_known_args(args)
+    return given
+
+
+def _check_args(given: argparse.Namespace) -> None:
     """Each --model_args piece is key=value, each key once and not one of lm-eval's own. An
     error spec's comma ends a piece where lm-eval splits them, and lm-eval's own message
     ("expected `key=value`, got '0.25'") does not say why. --tasks, as every list, names each
     task once; --limit and --num_fewshot are read as kvinject reads numbers, --verbosity as
     the logging level lm-eval sets it to."""
-    given = [a.split("=", 1)[1] for a in args if a.startswith(tuple(f + "=" for f in MODEL_ARGS))]
-    for i, a in enumerate(args):
-        if a in MODEL_ARGS:
-            after = args[i + 1 :]
-            given += after[: next((j for j, b in enumerate(after) if b.startswith("-")), len(after))]
     keys = []
-    for token in given:
+    for token in getattr(given, "model_args", None) or []:
         pieces = re.findall(r"""(?:[^,"']|"[^"]*"|'[^']*')+""", token)
         keys += [piece.split("=", 1)[0].strip() for piece in pieces if "=" in piece]
         for before, piece in zip([None, *pieces], pieces):
@@ -144,26 +156,15 @@ def _check_args(args: list[str]) -> None:
     own = next((k for k in keys if k in LM_EVAL_OWN), None)
     if own is not None:  # lm-eval passes its own as well: "got multiple values for keyword argument"
         raise KvinjectError(f"--model_args: {own} is lm-eval's own option: give it as --{own}")
-    tasks = _value(args, *TASKS_FLAGS)
-    if tasks:
-        unique("--tasks", split_list("--tasks", tasks))
-    limit = _value(args, *LIMIT)
+    tasks = getattr(given, "tasks", None)
+    if tasks:  # `run` gathers every --tasks, `validate` keeps the last
+        unique("--tasks", [t for token in ([tasks] if isinstance(tasks, str) else tasks) for t in split_list("--tasks", token)])
+    limit = getattr(given, "limit", None)
     if limit is not None and parse_float("--limit", limit) <= 0:
         raise KvinjectError(f"--limit must be above 0 (below 1: a fraction of each task's items), got {limit}")
-    fewshot = _value(args, *FEWSHOT)
+    fewshot = getattr(given, "num_fewshot", None)
     if fewshot is not None and parse_int("--num_fewshot", fewshot) < 0:
         raise KvinjectError(f"--num_fewshot must be at least 0, got {fewshot}")
-    verbosity = _value(args, "--verbosity", "-v")  # lm-eval sets it after the evaluation: a bad one lost the results
+    verbosity = getattr(given, "verbosity", None)  # lm-eval sets it after the evaluation: a bad one lost the results
     if verbosity is not None and verbosity.upper() not in logging.getLevelNamesMapping():
         raise KvinjectError(f"--verbosity must be a logging level (DEBUG, INFO, WARNING, ERROR, CRITICAL), got {verbosity!r}")
-
-
-def _value(args: list[str], *flags: str) -> str | None:
-    """The value of one of ``flags`` (a flag and its short form) in lm-eval's arguments
-    (``--flag VALUE`` or ``--flag=VALUE``)."""
-    for i, a in enumerate(args):
-        if a in flags and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(tuple(f + "=" for f in flags)):
-            return a.split("=", 1)[1]
-    return None

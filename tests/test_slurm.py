@@ -185,11 +185,18 @@ def test_threads_default_to_the_cpus_a_task_may_run_on():
 
 def test_dry_run_shows_the_script_and_each_tasks_estimate_and_writes_nothing(tiny_path, tmp_path):
     grid = write_grid(tmp_path, tiny_path, runs=2, limit=3)
-    out = kvinject(
-        "sweep", grid, "--slurm", "--tasks", 2, "--time", "1:00:00", "--gres", "gpu:1", "--sbatch-arg=--account=ml", "--dry-run", env=os.environ, cwd=tmp_path
-    )
+    sbatch = ["--sbatch-arg=--account=ml", "--sbatch-arg=--gres-flags=enforce-binding"]
+    out = kvinject("sweep", grid, "--slurm", "--tasks", 2, "--time", "1:00:00", "--gres", "gpu:1", *sbatch, "--dry-run", env=os.environ, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    for line in ("#SBATCH --array=0-1", "#SBATCH --time=1:00:00", "#SBATCH --gres=gpu:1", "#SBATCH --account=ml", f"#SBATCH --chdir={tmp_path}"):
+    # --gres-flags begins as kvinject's own --gres does, and is another option
+    for line in (
+        "#SBATCH --array=0-1",
+        "#SBATCH --time=1:00:00",
+        "#SBATCH --gres=gpu:1",
+        "#SBATCH --account=ml",
+        "#SBATCH --gres-flags=enforce-binding",
+        f"#SBATCH --chdir={tmp_path}",
+    ):
         assert line in out.stdout.splitlines(), line
     assert '--shard "$SLURM_ARRAY_TASK_ID"/2' in out.stdout and "longest task: about" in out.stdout and "nothing submitted" in out.stdout
     # two tasks share the grid's four cell groups (two seeds, control and two noises each)
@@ -204,7 +211,14 @@ def test_dry_run_shows_the_script_and_each_tasks_estimate_and_writes_nothing(tin
         (("--slurm", "--shard", "0/2"), "leave out --shard and --store"),
         (("--slurm", "--time", "an hour"), "--time takes SLURM's"),
         (("--slurm", "--sbatch-arg", "account=ml"), "--sbatch-arg takes one sbatch option"),
+        (("--slurm", "--sbatch-arg=--", "--dry-run"), "--sbatch-arg takes one sbatch option"),
         (("--slurm", "--sbatch-arg=--array=0-3"), "kvinject sets --array itself"),
+        # each as sbatch reads it: a prefix of the long name, a short letter, its value attached or apart
+        (("--slurm", "--sbatch-arg=--arr=0-3", "--dry-run"), "--sbatch-arg --arr=0-3: kvinject sets --array itself"),
+        (("--slurm", "--sbatch-arg=-D/tmp", "--dry-run"), "--sbatch-arg -D/tmp: kvinject sets --chdir itself"),
+        (("--slurm", "--sbatch-arg=--output x", "--dry-run"), "kvinject sets --output itself"),
+        (("--slurm", "--sbatch-arg=-t 10", "--dry-run"), "--sbatch-arg -t 10: give it as kvinject's own --time"),
+        (("--slurm", "--sbatch-arg=-c4", "--dry-run"), "give it as kvinject's own --cpus-per-task"),
         (("--status",), "is not a run folder of kvinject sweep --slurm"),
         (("--resubmit", "--tasks", "3"), "--status and --resubmit take the run folder's own settings: leave out --tasks"),
     ],

@@ -56,10 +56,28 @@ class SlurmOptions:
         if self.time is not None and not re.fullmatch(r"([0-9]+-)?[0-9]+(:[0-9]+){0,2}", self.time):
             raise KvinjectError(f"--time takes SLURM's [D-]HH:MM:SS, MM:SS or minutes, e.g. 4:00:00, got '{self.time}'")
         for arg in self.extra:
-            if not arg.startswith("-"):
+            if not re.match(r"--?[A-Za-z]", arg):
                 raise KvinjectError(f"--sbatch-arg takes one sbatch option such as --account=ml or --qos=long, got '{arg}'")
-            if arg.split("=")[0] in ("--array", "-a", "--output", "-o", "--chdir", "-D"):
-                raise KvinjectError(f"--sbatch-arg {arg}: kvinject sets {arg.split('=')[0]} itself (tasks, logs and folder)")
+            name = _sbatch_option(arg)
+            if name in OWN:
+                raise KvinjectError(f"--sbatch-arg {arg}: kvinject sets {name} itself (tasks, logs and folder)")
+            if name is not None:
+                raise KvinjectError(f"--sbatch-arg {arg}: give it as kvinject's own {name}")
+
+
+# The script's #SBATCH options that an --sbatch-arg may not set, by long name and short letter:
+# kvinject's own (the array and where its logs and stores are), and those its own flags set.
+OWN = {"--array": "-a", "--output": "-o", "--chdir": "-D"}
+FLAGS = {"--time": "-t", "--partition": "-p", "--gres": None, "--cpus-per-task": "-c"}
+
+
+def _sbatch_option(arg: str) -> str | None:
+    """Which of OWN and FLAGS ``arg`` sets, read as sbatch reads it (getopt_long): a long name
+    or a prefix of one (`--arr=0-3`), a short letter with its value apart or attached (`-a0-3`)."""
+    name = re.split(r"[=\s]", arg, maxsplit=1)[0]
+    if name.startswith("--"):
+        return next((o for o in [*OWN, *FLAGS] if len(name) > 2 and o.startswith(name)), None)
+    return next((o for o, letter in {**OWN, **FLAGS}.items() if letter is not None and name[:2] == letter), None)
 
 
 def default_folder(grid: Path) -> Path:

@@ -54,7 +54,8 @@ def test_errors_lists_every_registered_model():
             ["run", "--bench", "nexttoken", "--output", "/nonexistent/dir/x.json"],
             "cannot write /nonexistent/dir/x.json: the folder /nonexistent/dir does not exist",
         ),
-        (["run", "--bench", "nexttoken", "--seed", "-1"], "'--seed': Input should be greater than or equal to 0"),
+        (["run", "--bench", "nexttoken", "--seed", "-1"], "'--seed': must be at least 0, got -1"),
+        (["sweep", "examples/faults.toml", "--max-cells", "0"], "'--max-cells': must be at least 1, got 0"),
         (["run", "--bench", "ifeval", "--temperature", "nan"], "--temperature must be a number, got 'nan'"),
         (["run", "--bench", "nexttoken", "--runs", "1000000000"], "--runs must be between 1 and 10000, got 1000000000"),
         (["run", "--bench", "nexttoken", "--format", "json", "--wide"], "--wide applies to --format table, not json: leave it out"),
@@ -85,6 +86,17 @@ def test_bad_input_fails_with_a_clear_message(args, message):
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("columns", ["0", "wide"])
+def test_a_columns_that_gives_no_width_leaves_every_line_printed(columns):
+    """At COLUMNS=0 rich printed nothing: `kvinject errors` was empty and an error's one line
+    never shown, each with its usual status."""
+    env = {**os.environ, "COLUMNS": columns}
+    listed = subprocess.run([sys.executable, "-m", "kvinject", "errors"], capture_output=True, text=True, timeout=300, env=env)
+    assert listed.returncode == 0 and listed.stdout == kvinject("errors").stdout
+    refused = subprocess.run([sys.executable, "-m", "kvinject", "generate", ""], capture_output=True, text=True, timeout=300, env=env)
+    assert refused.returncode == 2 and refused.stderr == "error: the prompt is empty: give the text to complete\n", refused.stderr
 
 
 def test_generate_takes_a_configuration_with_its_own_cache_types(tiny_path):

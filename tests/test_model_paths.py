@@ -4,6 +4,7 @@ that names it."""
 from __future__ import annotations
 
 import hashlib
+import os
 
 import pytest
 
@@ -35,6 +36,9 @@ def test_the_bundled_gemma_needs_a_folder_it_may_write(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", "/dev/null")
     monkeypatch.delenv("KVINJECT_CACHE", raising=False)
     with pytest.raises(ModelError, match=r"assembled once into /dev/null/.cache, which failed \(Not a directory\): set KVINJECT_CACHE"):
+        resolve_model("gemma3-270m")
+    monkeypatch.setenv("KVINJECT_CACHE", os.devnull)  # a file: mkdir's own "File exists" did not say what was wrong
+    with pytest.raises(ModelError, match=f"KVINJECT_CACHE={os.devnull} is not a folder: set it to a folder kvinject may write"):
         resolve_model("gemma3-270m")
     monkeypatch.setenv("KVINJECT_CACHE", str(tmp_path / "models"))
     path = resolve_model("gemma3-270m")

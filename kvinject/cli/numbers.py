@@ -1,6 +1,8 @@
 """Integer and real options read as kvinject reads every number (kvinject/values.py): Typer's
 own coercion takes whatever pydantic takes, so that `--runs 1_000` ran a thousand runs and
-`--fit-per-mbit nan` was a rate, where a spec field or a grid key refuses them."""
+`--fit-per-mbit nan` was a rate, where a spec field or a grid key refuses them. An option's
+`min`/`max` are checked here too, in the words bench options use ("at least 1"), not
+pydantic's ("Input should be greater than or equal to 1")."""
 
 from __future__ import annotations
 
@@ -31,9 +33,16 @@ def _checked(param: Any, process: Any, parse: Any) -> Any:
         for text in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(text, str):
                 try:
-                    parse("it", text)
+                    _in_range(param, parse("it", text), text)
                 except SpecError as e:
                     raise typer.BadParameter(str(e).removeprefix("it "), ctx=ctx, param=param) from None
         return process(ctx, value)
 
     return process_value
+
+
+def _in_range(param: Any, number: float, text: str) -> None:
+    if param.min is not None and number < param.min:
+        raise SpecError(f"it must be at least {param.min}, got {text.strip()}")
+    if param.max is not None and number > param.max:
+        raise SpecError(f"it must be at most {param.max}, got {text.strip()}")

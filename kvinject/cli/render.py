@@ -17,9 +17,19 @@ from rich.console import Console
 
 from ..interrupts import behind, exit_code, pending, stopped
 
+
+def _width_given() -> bool:
+    """Whether COLUMNS gives a width. One that gives none (0, text) is dropped: at COLUMNS=0
+    rich printed nothing at all, a command's one-line error included."""
+    columns = os.environ.get("COLUMNS")
+    if columns is not None and not (columns.strip().isdigit() and int(columns) > 0):
+        del os.environ["COLUMNS"]
+    return "COLUMNS" in os.environ
+
+
 # Piped or redirected output has no width to fit: give the tables room rather than cut
 # their cells short (COLUMNS still decides where it is set); they are made to fit 100.
-console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200)
+console = Console(width=None if sys.stdout.isatty() or _width_given() else 200)
 
 
 def print_table(table) -> None:

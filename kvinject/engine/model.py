@@ -79,6 +79,8 @@ def _assembled(alias: str, package) -> Path:
     own cache (under $HOME, which a cluster job may not be able to write)."""
     folder = os.environ.get("KVINJECT_CACHE")
     target = Path(folder).expanduser() / package.MODEL_NAME if folder else None
+    if target is not None and target.parent.exists() and not target.parent.is_dir():  # mkdir says "File exists"
+        raise ModelError(f"KVINJECT_CACHE={folder} is not a folder: set it to a folder kvinject may write, where the bundled model '{alias}' is assembled once")
     try:
         if target is not None:
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -113,7 +113,7 @@ LM_EVAL_MEANINGS: dict[str, list[str]] = {
     "--model_args": MEANINGS["--model_args"],
     "--tasks": ["kvinject_nextword", "a,a", "a,,b", ",", "bogus", ""],
     "--model": ["kvinject", "hf", "bogus", ""],
-    "--limit": ["0", "-1", "nan", "inf", "0.5", "1_000", "0x10", "1e-400", "", "١"],  # not 1e10: valid, a whole task
+    "--limit": ["0", "-1", "nan", "inf", "0.001", "1_000", "0x10", "1e-400", "", "١"],  # not 1e10 or 0.5: valid, a whole task or half (minutes)
     "--config": PATHS_READ,
     "--include_path": PATHS_READ,
     "--output_path": PATHS_WRITTEN,

@@ -1,8 +1,9 @@
 """The files kvinject reads, generated as tests/fuzz_cli.py generates command lines: each kind's
 valid file from the workspace (a grid, the template store of one fault-campaign run, a
-`run --output` file, a SLURM run folder) changed one key, row, field or file at a time, then
-read by the commands that read that kind. A :class:`Case` writes its changed file into a fresh
-copy of the workspace (``prepare``) and names the command; tests/fuzz_verdict.py judges it.
+`run --output` file, a SLURM run folder, an lm-eval task of `--include-path`) changed one key,
+row, field or file at a time, then read by the commands that read that kind. A :class:`Case`
+writes its changed file into a fresh copy of the workspace (``prepare``) and names the command;
+tests/fuzz_verdict.py judges it.
 
 Grids come from GRID and the repository's examples, each cut to the smallest sizes on the tiny
 model (:func:`smallest`); the smallest grid also runs for real."""
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from tests.fuzz_cli import GRID, MODEL, NUMBERS, STORE
 
@@ -44,6 +47,31 @@ STORE_COMMANDS = [
 ]
 RUN_FILE_COMMANDS = [["report", RUN_FILE], ["report", RUN_FILE, "--format", "json"], ["report", RUN_FILE, "--faults", "field,bit"]]
 FOLDER_COMMANDS = [["sweep", FOLDER, "--status"], ["report", FOLDER]]
+# An lm-eval task of the user's (--include-path), read by both ways kvinject runs lm-eval.
+TASK_DOCS = '{"x": "The cat", "y": " sat"}\n'
+TASK = {
+    "task": "mine",
+    "dataset_path": "json",
+    "dataset_kwargs": {"data_files": {"test": "DOCS"}},
+    "output_type": "loglikelihood",
+    "test_split": "test",
+    "doc_to_text": "{{x}}",
+    "doc_to_target": "{{y}}",
+    "metric_list": [{"metric": "acc"}],
+}
+TASK_MEANINGS = [
+    ("doc_to_text", "!function no_module.fn"),
+    ("doc_to_text", "'{{missing.field}}'"),
+    ("doc_to_target", "'{{x | no_filter}}'"),
+    ("output_type", "generate_until"),
+    ("output_type", "loglikelihood_rolling"),
+    ("dataset_path", "no_such_builder"),
+    ("test_split", "train"),
+]
+TASK_COMMANDS = [
+    ["run", "--bench", "lmeval", "--task", "mine", "--include-path", "tasks", "--limit", "1", "--runs", "1", "--model", MODEL],
+    ["lm-eval", "--model_args", f"model={MODEL}", "--tasks", "mine", "--include_path", "tasks", "--limit", "1"],
+]
 # Whole-store changes: columns and tables gone, another application's or version's header.
 STORE_STATEMENTS = [
     "ALTER TABLE runs DROP COLUMN record",
@@ -65,7 +93,7 @@ COLUMN_VALUES: list[Any] = [-1, 10**18, 0.5, "x", "", None, b"\xff"]
 
 @dataclass(frozen=True)
 class Case:
-    kind: str  # grid, store, run file, run folder
+    kind: str  # grid, store, run file, run folder, task
     change: str  # what was changed, as a finding names it
     args: list[str]
     prepare: Callable[[Path], None]  # writes the changed file into the workspace
@@ -372,8 +400,34 @@ def folder_cases() -> Iterator[Case]:
     yield from _cases("run folder", FOLDER_COMMANDS, folder_changes())
 
 
+def _task(text: str, folder: Path) -> None:
+    """An lm-eval task of ``text`` in the workspace's tasks/, over TASK_DOCS beside it."""
+    (folder / "docs.jsonl").write_text(TASK_DOCS)
+    (folder / "tasks").mkdir(exist_ok=True)
+    (folder / "tasks" / "mine.yaml").write_text(text.replace("DOCS", str(folder / "docs.jsonl")))
+
+
+def task_changes() -> Iterator[tuple[str, Callable[[Path], None]]]:
+    """The task YAML's keys one at a time: removed or given each YAML value; the values whose
+    meaning lm-eval checks (a `!function` it cannot import, a template of a missing field, a
+    metric or output type it lacks, data it cannot find); then its text damaged."""
+    yield "tasks/mine.yaml as it is", partial(_task, yaml.safe_dump(TASK, sort_keys=False))
+    for at in key_paths(TASK):
+        for new in JSON_VALUES:
+            text = yaml.safe_dump(changed(TASK, at, new), sort_keys=False)
+            yield f"tasks/mine.yaml {'.'.join(map(str, at))} = {new!r}", partial(_task, text)
+    for key, text in TASK_MEANINGS:  # as YAML text: a tag is no value safe_dump writes
+        yield f"tasks/mine.yaml {key}: {text}", partial(_task, yaml.safe_dump(changed(TASK, (key,), "@@"), sort_keys=False).replace("'@@'", text))
+    for damage in [*DAMAGED_TEXT, "task: [mine\n"]:
+        yield f"tasks/mine.yaml = {damage!r}", partial(_task, damage)
+
+
+def task_cases() -> Iterator[Case]:
+    yield from _cases("task", TASK_COMMANDS, task_changes())
+
+
 def all_cases(template: Path) -> list[Case]:
-    return [*grid_cases(), *store_cases(template), *run_file_cases(template), *folder_cases()]
+    return [*grid_cases(), *store_cases(template), *run_file_cases(template), *folder_cases(), *task_cases()]
 
 
 def sample(template: Path, per_kind: int | None = None, seed: int = 0) -> list[Case]:

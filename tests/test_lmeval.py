@@ -402,6 +402,80 @@ def test_a_task_folder_that_is_not_one_is_refused(tmp_path, command, flag, where
     assert out.returncode == 2 and out.stderr.strip() == f"error: {flag} {tmp_path / where}: {said}", out.stderr
 
 
+TASK = "task: mine\ndataset_path: json\ndataset_kwargs: {data_files: {test: DOCS}}\noutput_type: loglikelihood\ntest_split: test\n"
+BROKEN_TASKS = {  # a field of a working task's YAML changed, and what lm-eval says of it
+    "dataset": ("DOCS", "MISSING", "Unable to find"),
+    "function": ('doc_to_text: "{{x}}"', "doc_to_text: !function no_module.fn", "Cannot import module 'no_module' for function 'fn'"),
+    "metric": ("metric: acc", "metric: no_such_metric", "KeyError: None"),
+    "template": ('doc_to_text: "{{x}}"', 'doc_to_text: "{{missing.field}}"', "'missing' is undefined"),
+}
+
+
+@pytest.mark.parametrize(
+    "broken, command",
+    [(b, "run") for b in BROKEN_TASKS] + [(b, "lm-eval") for b in ("function", "template")],
+)
+def test_a_task_lm_eval_cannot_load_is_refused_in_one_line_before_the_work(tmp_path, broken, command):
+    """A task YAML lm-eval refuses ended the lmeval bench in a traceback (FileNotFoundError,
+    ImportError, KeyError, jinja2's UndefinedError), and `kvinject lm-eval` in an ImportError's."""
+    (tmp_path / "docs.jsonl").write_text('{"x": "The cat", "y": " sat"}\n')
+    (tmp_path / "tasks").mkdir()
+    working = TASK + 'doc_to_text: "{{x}}"\ndoc_to_target: "{{y}}"\nmetric_list:\n  - metric: acc\n'
+    was, now, said = BROKEN_TASKS[broken]
+    yaml = working.replace(was, now).replace("DOCS", str(tmp_path / "docs.jsonl")).replace("MISSING", str(tmp_path / "missing.jsonl"))
+    (tmp_path / "tasks" / "mine.yaml").write_text(yaml)
+    if command == "run":
+        out = kvinject("run", "-b", "lmeval", "--task", "mine", "--include-path", tmp_path / "tasks", "--limit", "1", "--runs", "1")
+        prefix = "error: lmeval: lm-eval cannot load mine: "
+    else:
+        out = kvinject("lm-eval", "--tasks", "mine", "--include_path", tmp_path / "tasks", "--limit", "1")
+        prefix = "error: lm-eval: "
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error")]
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(errors) == 1 and errors[0].startswith(prefix) and said in errors[0], out.stderr
+
+
+def test_an_error_is_lm_eval_s_refusal_where_a_dependency_raised_it():
+    """lm-eval checks few of a task's fields: what it raises can be of any kind (a StopIteration
+    for `data_files: {test: []}`), and only where it was raised tells it from a bug of kvinject's."""
+    import json
+
+    from kvinject.lmeval.refusals import from_below, said
+    from kvinject.values import parse_int
+
+    def caught(call):
+        try:
+            call()
+        except Exception as e:
+            return e
+        raise AssertionError("nothing raised")
+
+    below, own = caught(lambda: json.loads("{")), caught(lambda: parse_int("n", "x"))
+    assert from_below(below) and not from_below(own) and not from_below(ValueError("never raised"))
+    assert said(KeyError(None)) == "KeyError: None" and said(StopIteration()) == "StopIteration"
+    code = "try:\n    json.loads('{')\nexcept ValueError as e:\n    raise RuntimeError('generating the dataset') from e"
+    chained = caught(lambda: exec(code, {"json": json}))
+    assert said(chained) == "generating the dataset (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"
+
+
+@pytest.mark.parametrize("flag", ["--include-path", "--include_path"])
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("task: null\n", "{flag} {folder}: {yaml}: task must be the task's name, got None"),  # lm-eval's index: a TypeError
+        ("task: [mine\n", "lm-eval skipped {yaml} (while parsing a flow sequence"),  # lm-eval: "no task", without a word why
+    ],
+)
+def test_a_task_yaml_lm_eval_cannot_index_or_skips_is_named(tmp_path, flag, text, said):
+    (tmp_path / "mine.yaml").write_text(text)
+    if flag == "--include-path":
+        out = kvinject("run", "-b", "lmeval", "--task", "mine", flag, tmp_path, "--limit", "1", "--runs", "1")
+    else:
+        out = kvinject("lm-eval", "--tasks", "mine", flag, tmp_path, "--limit", "1")
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error")]
+    expected = said.format(flag=flag, folder=tmp_path, yaml=tmp_path / "mine.yaml")
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(errors) == 1 and expected in errors[0], out.stderr
+
+
 @pytest.mark.parametrize(
     "given, said",
     [

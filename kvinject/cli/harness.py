@@ -7,7 +7,7 @@ import functools
 import logging
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from ..benchmarks.lmeval import TASKS
 from ..exceptions import KvinjectError
 from ..files import write_text
 from ..jsonutil import dumps
+from ..lmeval.refusals import from_below, said
 from ..lmeval.settings import LM_EVAL_OWN
 from ..values import parse_float, parse_int, split_list, unique
 from .outputs import check_writable
@@ -58,9 +59,9 @@ def lm_eval(ctx: typer.Context) -> None:
         if given.include_path is None:
             args += ["--include_path", str(TASKS)]  # kvinject's own tasks; lm-eval's CLI takes one folder
     _check_args(given)
-    if given.include_path is not None:
-        from ..lmeval.tasks import check_include_path
+    from ..lmeval.tasks import check_include_path, skipped
 
+    if given.include_path is not None:
         check_include_path(given.include_path, "--include_path")
     output = getattr(given, "output_path", None)
     if output and command == "run":
@@ -70,7 +71,7 @@ def lm_eval(ctx: typer.Context) -> None:
         else:  # a folder of results (and --log_samples' logs), made if missing
             check_writable(folders={"--output_path": path})
     sys.argv = ["lm-eval", *args]
-    with _refusals_in_one_line(KvinjectLM):
+    with _refusals_in_one_line(KvinjectLM, lambda: skipped([given.include_path] if given.include_path else [])):
         cli_evaluate()
     for lm in KvinjectLM.instances:
         Console(stderr=True).print(f"kvinject: {lm.configuration.label}: {lm.realized_line()}", markup=False, highlight=False, soft_wrap=True)
@@ -89,20 +90,21 @@ def _own_output(path: Path) -> Path:
 
 
 @contextmanager
-def _refusals_in_one_line(model: type) -> Iterator[None]:
+def _refusals_in_one_line(model: type, also: Callable[[], str]) -> Iterator[None]:
     """lm-eval's refusals of what the user gave, in one line: its argument parser's (a usage
     and exit 2), and what it raises reading the tasks, the limit and the model before a request
-    reaches a kvinject ``model`` ("Tasks not found", a model name it lacks). An error after that
-    is not the user's, and keeps its traceback."""
+    reaches a kvinject ``model`` ("Tasks not found", a model name it lacks), followed by what
+    ``also`` says (the task YAMLs it skipped). An error after that is not the user's, and keeps
+    its traceback."""
 
     original = argparse.ArgumentParser.error
     argparse.ArgumentParser.error = _refuse
     try:
         yield
-    except (ValueError, TypeError, LookupError, OSError) as e:
-        if any(lm.started for lm in model.instances):
+    except Exception as e:
+        if not from_below(e) or any(lm.started for lm in model.instances):
             raise
-        raise KvinjectError(f"lm-eval: {e}") from None
+        raise KvinjectError(f"lm-eval: {said(e)}{also()}") from None
     finally:
         argparse.ArgumentParser.error = original
 

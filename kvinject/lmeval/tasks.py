@@ -9,6 +9,7 @@ import contextlib
 import io
 import logging
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -20,6 +21,7 @@ from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's own reader of task
 
 from ..exceptions import DataError
 from .model import GEN_KWARGS, KvinjectLM
+from .refusals import from_below, refused, said
 
 # lm-eval's dataset builders by the suffix of a local file.
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -35,8 +37,16 @@ class TaskSet:
 
     @cached_property
     def loaded(self) -> dict[str, Any]:
-        """lm-eval's task objects by name, their datasets read once."""
-        return self.manager.load(self.specs)["tasks"]
+        """lm-eval's task objects by name, their datasets read once, each task's first document
+        made into its prompt and target: what lm-eval refuses in a task (its YAML, its dataset,
+        its templates) is said in one line before any work."""
+        with refused(f"load {', '.join(self.names)}"):
+            tasks = self.manager.load(self.specs)["tasks"]
+            for task in tasks.values():
+                for doc in task.eval_docs[:1]:
+                    task.doc_to_text(doc)
+                    task.doc_to_target(doc)
+        return tasks
 
     def docs(self, limit: int | None) -> dict[str, int]:
         """Documents evaluated per task (lm-eval's ``limit`` counts per task)."""
@@ -72,6 +82,25 @@ def check_include_path(folder: str | Path, flag: str) -> None:
         raise DataError(f"{flag} {folder}: no such folder (a folder of lm-eval task YAMLs)")
     if not any(path.rglob("*.yaml")) and not any(path.rglob("*.yml")):
         raise DataError(f"{flag} {folder}: the folder holds no task YAMLs")
+    for yaml_path, config in _yamls(path):
+        if isinstance(config, dict) and "task" in config and not isinstance(config["task"], (str, list)):  # lm-eval's index sorts the names: a TypeError
+            raise DataError(f"{flag} {folder}: {yaml_path}: task must be the task's name, got {config['task']!r}")
+
+
+def _yamls(path: Path) -> Iterator[tuple[Path, Any]]:
+    """Each YAML of the folder ``path`` (or the file) and what it holds, as lm-eval reads it
+    (its tags unresolved); an exception where lm-eval reads none."""
+    for yaml_path in [path] if path.is_file() else sorted([*path.rglob("*.yaml"), *path.rglob("*.yml")]):
+        try:
+            yield yaml_path, load_yaml(yaml_path, resolve_func=False, recursive=False)
+        except Exception as e:  # yaml's own errors, a file that is no text: lm-eval skips the file
+            yield yaml_path, e
+
+
+def skipped(include_path: list[str | Path]) -> str:
+    """The YAMLs of the folders that lm-eval skips without a word: no task of theirs is found."""
+    skipped = [f"{p} ({said(c) if isinstance(c, Exception) else 'no mapping'})" for f in include_path for p, c in _yamls(Path(f)) if not isinstance(c, dict)]
+    return f"; lm-eval skipped {', '.join(skipped)}" if skipped else ""
 
 
 def _manager(names: tuple[str, ...], include_path: list[str | Path] | None) -> TaskManager:
@@ -94,17 +123,20 @@ def task_set(names: tuple[str, ...], include_path: list[str | Path] | None = Non
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its INFO lines would interleave with the progress bars
     for folder in include_path or []:
         check_include_path(folder, "--include-path")
-    manager = _manager(names, include_path)
+    with refused("index the tasks of --include-path"):  # a YAML's task that is no name
+        manager = _manager(names, include_path)
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
-        raise DataError(f"lm-eval has no task '{unknown[0]}' (`lm-eval ls tasks` lists them; --include-path adds a folder of task YAMLs)")
+        known = "`lm-eval ls tasks` lists them; --include-path adds a folder of task YAMLs"
+        raise DataError(f"lm-eval has no task '{unknown[0]}' ({known}){skipped(include_path or [])}")
     if data is None:
         if shots_data is not None:
             raise DataError("--shots-data goes with --data: the examples of a task read from a local file")
         return TaskSet(names, list(names), manager)
     if len(names) != 1 or names[0] not in manager.all_subtasks:
         raise DataError("--data replaces the dataset of one task: give one task, not several or a group")
-    config = load_yaml(manager.task_index[names[0]].yaml_path, resolve_func=True, recursive=True)
+    with refused(f"read {names[0]}"):
+        config = load_yaml(manager.task_index[names[0]].yaml_path, resolve_func=True, recursive=True)
     files = {}
     for path in filter(None, (data, shots_data)):
         if not Path(path).is_file():
@@ -165,7 +197,9 @@ def evaluate(
                 apply_chat_template=chat,
                 gen_kwargs=gen_kwargs,
             )
-    except Exception:
+    except Exception as e:
+        if from_below(e) and not lm.started:  # before a request reached the model: the task's mistake
+            raise DataError(f"lmeval: lm-eval cannot evaluate {', '.join(tasks.names)}: {said(e)}") from None
         sys.stderr.write(shown.getvalue()[-4000:])  # what lm-eval said before it failed
         raise
     metrics, items = {}, []

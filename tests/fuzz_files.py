@@ -1,9 +1,9 @@
 """The files kvinject reads, generated as tests/fuzz_cli.py generates command lines: each kind's
 valid file from the workspace (a grid, the template store of one fault-campaign run, a
-`run --output` file, a SLURM run folder, an lm-eval task of `--include-path`) changed one key,
-row, field or file at a time, then read by the commands that read that kind. A :class:`Case`
-writes its changed file into a fresh copy of the workspace (``prepare``) and names the command;
-tests/fuzz_verdict.py judges it.
+`run --output` file, a SLURM run folder, an lm-eval task of `--include-path`, lm-eval's
+`--config`) changed one key, row, field or file at a time, then read by the commands that read
+that kind. A :class:`Case` writes its changed file into a fresh copy of the workspace
+(``prepare``) and names the command; tests/fuzz_verdict.py judges it.
 
 Grids come from GRID and the repository's examples, each cut to the smallest sizes on the tiny
 model (:func:`smallest`); the smallest grid also runs for real."""
@@ -68,6 +68,8 @@ TASK_MEANINGS = [
     ("dataset_path", "no_such_builder"),
     ("test_split", "train"),
 ]
+# lm-eval's own --config file, whose values count as the command line's.
+LM_EVAL_CONFIG = {"tasks": ["kvinject_nextword"], "limit": 1, "model_args": {"model": MODEL}}
 TASK_COMMANDS = [
     ["run", "--bench", "lmeval", "--task", "mine", "--include-path", "tasks", "--limit", "1", "--runs", "1", "--model", MODEL],
     ["lm-eval", "--model_args", f"model={MODEL}", "--tasks", "mine", "--include_path", "tasks", "--limit", "1"],
@@ -93,7 +95,7 @@ COLUMN_VALUES: list[Any] = [-1, 10**18, 0.5, "x", "", None, b"\xff"]
 
 @dataclass(frozen=True)
 class Case:
-    kind: str  # grid, store, run file, run folder, task
+    kind: str  # grid, store, run file, run folder, task, lm-eval config
     change: str  # what was changed, as a finding names it
     args: list[str]
     prepare: Callable[[Path], None]  # writes the changed file into the workspace
@@ -426,8 +428,25 @@ def task_cases() -> Iterator[Case]:
     yield from _cases("task", TASK_COMMANDS, task_changes())
 
 
+def lm_eval_config_changes() -> Iterator[tuple[str, Callable[[Path], None]]]:
+    """lm-eval's --config YAML, one key at a time removed or given each YAML value; an option
+    of lm-eval's own added; its text damaged."""
+    yield "lm-eval.yaml as it is", partial(_write, "lm-eval.yaml", yaml.safe_dump(LM_EVAL_CONFIG))
+    for at in key_paths(LM_EVAL_CONFIG):
+        for new in JSON_VALUES:
+            yield f"lm-eval.yaml {'.'.join(map(str, at))} = {new!r}", partial(_write, "lm-eval.yaml", yaml.safe_dump(changed(LM_EVAL_CONFIG, at, new)))
+    for key, value in (("model", "hf"), ("model", "bogus"), ("num_fewshot", "1e10"), ("verbosity", "bogus"), ("include_path", "missing")):
+        yield f"lm-eval.yaml {key} = {value!r}", partial(_write, "lm-eval.yaml", yaml.safe_dump({**LM_EVAL_CONFIG, key: value}))
+    for damage in [*DAMAGED_TEXT, "tasks: [x\n"]:
+        yield f"lm-eval.yaml = {damage!r}", partial(_write, "lm-eval.yaml", damage)
+
+
+def lm_eval_config_cases() -> Iterator[Case]:
+    yield from _cases("lm-eval config", [["lm-eval", "--config", "lm-eval.yaml"]], lm_eval_config_changes())
+
+
 def all_cases(template: Path) -> list[Case]:
-    return [*grid_cases(), *store_cases(template), *run_file_cases(template), *folder_cases(), *task_cases()]
+    return [*grid_cases(), *store_cases(template), *run_file_cases(template), *folder_cases(), *task_cases(), *lm_eval_config_cases()]
 
 
 def sample(template: Path, per_kind: int | None = None, seed: int = 0) -> list[Case]:

@@ -1,7 +1,7 @@
 """The CLI fuzzer (tests/fuzz_cli.py): commands generated from the command tree, each run as
 the `kvinject` command runs (tests/fuzz_exec.py) and judged by tests/fuzz_verdict.py; and the
 files kvinject reads (tests/fuzz_files.py: grids, stores, run files, run folders, lm-eval
-tasks), changed one key, row or field at a time, read by the commands that read them and judged
+tasks and --config files), changed one key, row or field at a time, read by the commands that read them and judged
 the same way; and
 each command stopped part way by a Ctrl-C or SIGTERM (tests/fuzz_stops.py).
 
@@ -74,13 +74,14 @@ def test_a_fixed_sample_of_generated_commands_holds(template, tmp_path):
 
 def test_every_kind_of_file_is_changed_key_by_key_and_read_by_each_command(template):
     cases = fuzz_files.all_cases(template)
-    assert {c.kind for c in cases} == {"grid", "store", "run file", "run folder", "task"}
+    assert {c.kind for c in cases} == {"grid", "store", "run file", "run folder", "task", "lm-eval config"}
     for kind, commands in (
         ("grid", fuzz_files.SMALL_COMMANDS),
         ("store", fuzz_files.STORE_COMMANDS),
         ("run file", fuzz_files.RUN_FILE_COMMANDS),
         ("run folder", fuzz_files.FOLDER_COMMANDS),
         ("task", fuzz_files.TASK_COMMANDS),
+        ("lm-eval config", [["lm-eval", "--config", "lm-eval.yaml"]]),
     ):
         assert all(any(c.kind == kind and c.args == args for c in cases) for args in commands), kind
     changes = {c.change for c in cases}
@@ -96,6 +97,7 @@ def test_every_kind_of_file_is_changed_key_by_key_and_read_by_each_command(templ
         "not submitted: grid.slurm/run.json tasks = 100000000000000000000",
         "tasks/mine.yaml metric_list.0.metric = 'x'",
         "tasks/mine.yaml doc_to_text: !function no_module.fn",
+        "lm-eval.yaml model = 'hf'",
     ):
         assert change in changes, change
 
@@ -114,15 +116,16 @@ def unread(cases: list[fuzz_files.Case], template: Path, folder: Path) -> list[s
 
 def test_the_valid_file_of_each_kind_is_read_without_error(template, tmp_path):
     cases = [c for c in fuzz_files.all_cases(template) if c.change.endswith("as it is") and not c.change.startswith("examples/")]
-    assert len(cases) == 6 and unread(cases, template, tmp_path / "w") == []
+    assert len(cases) == 7 and unread(cases, template, tmp_path / "w") == []
 
 
 def test_a_fixed_sample_of_changed_files_holds(template, tmp_path):
     deadline = time.monotonic() + FILE_SAMPLE_SECONDS
     findings = []
     cases = fuzz_files.sample(template, FILE_SAMPLE)
-    # a task's commands import lm-eval (seconds each): one of them here, all in the long run
-    for case in [c for c in cases if c.kind == "task"][:1] + [c for c in cases if c.kind != "task"]:
+    # lm-eval's commands import it (seconds each): one of each kind here, all in the long run
+    slow = ("task", "lm-eval config")
+    for case in [next(c for c in cases if c.kind == kind) for kind in slow] + [c for c in cases if c.kind not in slow]:
         if time.monotonic() > deadline:
             break
         problem = run_one(case.args, template, tmp_path / "w", LIMIT_SECONDS, case.prepare)

@@ -408,16 +408,19 @@ BROKEN_TASKS = {  # a field of a working task's YAML changed, and what lm-eval s
     "function": ('doc_to_text: "{{x}}"', "doc_to_text: !function no_module.fn", "Cannot import module 'no_module' for function 'fn'"),
     "metric": ("metric: acc", "metric: no_such_metric", "KeyError: None"),
     "template": ('doc_to_text: "{{x}}"', 'doc_to_text: "{{missing.field}}"', "'missing' is undefined"),
+    # generate_until, lm-eval's default, scored by acc: lm-eval fails summing the scores
+    "output type": ("output_type: loglikelihood\n", "", "(raised in lm_eval/api/metrics.py:"),
 }
 
 
 @pytest.mark.parametrize(
     "broken, command",
-    [(b, "run") for b in BROKEN_TASKS] + [(b, "lm-eval") for b in ("function", "template")],
+    [(b, "run") for b in BROKEN_TASKS] + [(b, "lm-eval") for b in ("function", "template", "output type")],
 )
-def test_a_task_lm_eval_cannot_load_is_refused_in_one_line_before_the_work(tmp_path, broken, command):
+def test_a_task_lm_eval_cannot_load_or_score_is_refused_in_one_line(tmp_path, broken, command):
     """A task YAML lm-eval refuses ended the lmeval bench in a traceback (FileNotFoundError,
-    ImportError, KeyError, jinja2's UndefinedError), and `kvinject lm-eval` in an ImportError's."""
+    ImportError, KeyError, jinja2's UndefinedError), and `kvinject lm-eval` in an ImportError's;
+    one it fails on after the model's work, in a TypeError's from lm-eval's code."""
     (tmp_path / "docs.jsonl").write_text('{"x": "The cat", "y": " sat"}\n')
     (tmp_path / "tasks").mkdir()
     working = TASK + 'doc_to_text: "{{x}}"\ndoc_to_target: "{{y}}"\nmetric_list:\n  - metric: acc\n'
@@ -426,12 +429,33 @@ def test_a_task_lm_eval_cannot_load_is_refused_in_one_line_before_the_work(tmp_p
     (tmp_path / "tasks" / "mine.yaml").write_text(yaml)
     if command == "run":
         out = kvinject("run", "-b", "lmeval", "--task", "mine", "--include-path", tmp_path / "tasks", "--limit", "1", "--runs", "1")
-        prefix = "error: lmeval: lm-eval cannot load mine: "
+        prefix = "error: lmeval: lm-eval cannot " + ("evaluate" if broken == "output type" else "load") + " mine: "
     else:
         out = kvinject("lm-eval", "--tasks", "mine", "--include_path", tmp_path / "tasks", "--limit", "1")
         prefix = "error: lm-eval: "
     errors = [line for line in out.stderr.splitlines() if line.startswith("error")]
     assert out.returncode == 2 and "Traceback" not in out.stderr and len(errors) == 1 and errors[0].startswith(prefix) and said in errors[0], out.stderr
+
+
+@pytest.mark.parametrize(
+    "config, said",
+    [
+        # kvinject's own --model kvinject, added to the command line, replaced the file's without a word
+        ("model: no_such_model\ntasks: kvinject_nextword\nlimit: 1\n", "error: lm-eval: Attempted to load model 'no_such_model'"),
+        ("tasks: [kvinject_nextword, kvinject_nextword]\n", "error: --tasks gives 'kvinject_nextword' twice"),
+        ("tasks: kvinject_nextword\nlimit: .nan\n", "error: --limit must be a number, got 'nan'"),
+        ("tasks: kvinject_nextword\nmodel_args: {batch_size: 2}\n", "error: --model_args: batch_size is lm-eval's own option"),
+        ("tasks: [kvinject_nextword\n", "error: lm-eval: --config {path}: Invalid YAML in"),
+        (None, "error: lm-eval: --config {path}: Config file not found"),
+    ],
+)
+def test_what_lm_eval_s_config_file_gives_is_checked_as_the_command_line_is(tmp_path, config, said):
+    path = tmp_path / "config.yaml"
+    if config is not None:
+        path.write_text(config)
+    out = kvinject("lm-eval", "--config", path)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error")]
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(errors) == 1 and errors[0].startswith(said.format(path=path)), out.stderr
 
 
 def test_an_error_is_lm_eval_s_refusal_where_a_dependency_raised_it():

@@ -18,7 +18,7 @@ from ..benchmarks.lmeval import TASKS
 from ..exceptions import KvinjectError
 from ..files import write_text
 from ..jsonutil import dumps
-from ..lmeval.refusals import from_below, said
+from ..lmeval.refusals import after_requests, from_below, said
 from ..lmeval.settings import LM_EVAL_OWN
 from ..values import parse_float, parse_int, split_list, unique
 from .outputs import check_writable
@@ -94,16 +94,18 @@ def _refusals_in_one_line(model: type, also: Callable[[], str]) -> Iterator[None
     """lm-eval's refusals of what the user gave, in one line: its argument parser's (a usage
     and exit 2), and what it raises reading the tasks, the limit and the model before a request
     reaches a kvinject ``model`` ("Tasks not found", a model name it lacks), followed by what
-    ``also`` says (the task YAMLs it skipped). An error after that is not the user's, and keeps
-    its traceback."""
+    ``also`` says (the task YAMLs it skipped); what it raises after that, saying where. An error
+    raised in kvinject's own code is a bug, and keeps its traceback."""
 
     original = argparse.ArgumentParser.error
     argparse.ArgumentParser.error = _refuse
     try:
         yield
     except Exception as e:
-        if not from_below(e) or any(lm.started for lm in model.instances):
+        if not from_below(e):
             raise
+        if any(lm.started for lm in model.instances):
+            raise KvinjectError(f"lm-eval: {after_requests(e)}") from None
         raise KvinjectError(f"lm-eval: {said(e)}{also()}") from None
     finally:
         argparse.ArgumentParser.error = original
@@ -134,7 +136,38 @@ def _given(command: str, args: list[str]) -> argparse.Namespace:
         else:  # lm-eval's own actions gather every value given (--tasks, --model_args)
             raw.add_argument(*action.option_strings, dest=action.dest, nargs=action.nargs, action="extend" if action.nargs in ("+", "*") else "append")
     given, _ = raw.parse_known_args(args)
+    if getattr(given, "config", None):
+        many = {a.dest for a in theirs._actions if a.option_strings and a.nargs != 0 and type(a) is not argparse._StoreAction}
+        for key, value in _config(given.config).items():  # lm-eval's order: the command line over the file
+            if key in vars(given) and getattr(given, key) in (None, False) and value is not None:
+                setattr(given, key, value if isinstance(value, bool) else [_text(v) for v in _listed(value)] if key in many else _text(value))
     return given
+
+
+def _config(path: str) -> dict:
+    """lm-eval's --config YAML, read by lm-eval's own reader. Its values count as given: with
+    kvinject's own --model and --include_path added to the command line, the file's model and
+    task folder were replaced without a word."""
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    try:
+        return EvaluatorConfig.load_yaml_config(path)
+    except Exception as e:
+        if not from_below(e):
+            raise
+        raise KvinjectError(f"lm-eval: --config {path}: {said(e)}") from None
+
+
+def _listed(value: object) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _text(value: object) -> str:
+    """A --config value as the command line's text: a mapping (model_args: {error: "normal:0,0.25"})
+    as key=value pieces, a value with a comma quoted as --model_args takes it."""
+    if isinstance(value, dict):
+        return ",".join(f'{k}="{v}"' if "," in str(v) else f"{k}={v}" for k, v in value.items())
+    return str(value)
 
 
 def _check_args(given: argparse.Namespace) -> None:

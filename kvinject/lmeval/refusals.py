@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
 
 from ..exceptions import DataError
 
@@ -22,18 +23,43 @@ def from_below(e: BaseException) -> bool:
     task's `!function`), not in kvinject's: one of kvinject's own keeps its traceback (a bug)."""
     if not isinstance(e, Exception) or e.__traceback__ is None:
         return False
+    return not Path(_raising(e).tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE)
+
+
+def raised_at(e: BaseException) -> str:
+    """Where ``e`` was raised, as FILE:LINE within its package (lm_eval/api/metrics.py:36)."""
+    tb = _raising(e)
+    return f"{tb.tb_frame.f_code.co_filename.split('site-packages/')[-1]}:{tb.tb_lineno}"
+
+
+def _raising(e: BaseException) -> TracebackType:
     tb = e.__traceback__
+    assert tb is not None
     while tb.tb_next is not None:
         tb = tb.tb_next
-    return not Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE)
+    return tb
 
 
 def said(e: BaseException) -> str:
-    """``e`` in one line; a KeyError's bare key, or no message, named by its kind; with the
-    error it was raised from ("An error occurred while generating the dataset" says no more)."""
+    """``e`` in one line; a KeyError's bare key, or no message, named by its kind; with what
+    the error it was raised from adds ("An error occurred while generating the dataset" says
+    no more)."""
+    text = _one_line(e)
+    cause = _one_line(e.__cause__) if e.__cause__ is not None else ""
+    return f"{text} ({cause})" if cause and cause.split(": ")[-1] not in text else text
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, KeyError):  # str() of a KeyError is its key's repr
+        return f"KeyError: {' '.join(str(e.args[0]).split()) if e.args else ''}".strip(": ")
     text = " ".join(str(e).split())
-    text = type(e).__name__ if not text else f"{type(e).__name__}: {text}" if isinstance(e, KeyError) else text
-    return f"{text} ({said(e.__cause__)})" if e.__cause__ is not None else text
+    return text or type(e).__name__
+
+
+def after_requests(e: BaseException) -> str:
+    """An error lm-eval raised after the model answered its requests (scoring them: a task's
+    metric that does not fit its output type), in one line that says where."""
+    return f"{said(e)} (raised in {raised_at(e)}, after the model answered lm-eval's requests)"
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's own reader of task
 
 from ..exceptions import DataError
 from .model import GEN_KWARGS, KvinjectLM
-from .refusals import from_below, refused, said
+from .refusals import after_requests, from_below, refused, said
 
 # lm-eval's dataset builders by the suffix of a local file.
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -42,10 +42,10 @@ class TaskSet:
         its templates) is said in one line before any work."""
         with refused(f"load {', '.join(self.names)}"):
             tasks = self.manager.load(self.specs)["tasks"]
-            for task in tasks.values():
-                for doc in task.eval_docs[:1]:
-                    task.doc_to_text(doc)
-                    task.doc_to_target(doc)
+            for task in (t for t in tasks.values() if len(t.eval_docs)):
+                doc = task.eval_docs[0]  # a row (a slice of a Dataset is its columns)
+                task.doc_to_text(doc)
+                task.doc_to_target(doc)
         return tasks
 
     def docs(self, limit: int | None) -> dict[str, int]:
@@ -198,10 +198,11 @@ def evaluate(
                 gen_kwargs=gen_kwargs,
             )
     except Exception as e:
-        if from_below(e) and not lm.started:  # before a request reached the model: the task's mistake
-            raise DataError(f"lmeval: lm-eval cannot evaluate {', '.join(tasks.names)}: {said(e)}") from None
-        sys.stderr.write(shown.getvalue()[-4000:])  # what lm-eval said before it failed
-        raise
+        if not from_below(e):  # kvinject's own: a bug, with what lm-eval said before it
+            sys.stderr.write(shown.getvalue()[-4000:])
+            raise
+        why = after_requests(e) if lm.started else said(e)
+        raise DataError(f"lmeval: lm-eval cannot evaluate {', '.join(tasks.names)}: {why}") from None
     metrics, items = {}, []
     for task, values in out["results"].items():
         for key in (k for k in values if "," in k and "_stderr," not in k):

@@ -446,6 +446,7 @@ def test_a_task_lm_eval_cannot_load_or_score_is_refused_in_one_line(tmp_path, br
         ("tasks: kvinject_nextword\nlimit: .nan\n", "error: --limit must be a number, got 'nan'"),
         ("tasks: kvinject_nextword\nmodel_args: {batch_size: 2}\n", "error: --model_args: batch_size is lm-eval's own option"),
         ("tasks: [kvinject_nextword\n", "error: lm-eval: --config {path}: Invalid YAML in"),
+        ("tasks: true\n", "error: lm-eval: 'bool' object is not iterable"),  # a value of another type: lm-eval's own words
         (None, "error: lm-eval: --config {path}: Config file not found"),
     ],
 )

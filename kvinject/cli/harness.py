@@ -137,10 +137,11 @@ def _given(command: str, args: list[str]) -> argparse.Namespace:
             raw.add_argument(*action.option_strings, dest=action.dest, nargs=action.nargs, action="extend" if action.nargs in ("+", "*") else "append")
     given, _ = raw.parse_known_args(args)
     if getattr(given, "config", None):
+        flags = {a.dest for a in theirs._actions if a.nargs == 0}
         many = {a.dest for a in theirs._actions if a.option_strings and a.nargs != 0 and type(a) is not argparse._StoreAction}
         for key, value in _config(given.config).items():  # lm-eval's order: the command line over the file
             if key in vars(given) and getattr(given, key) in (None, False) and value is not None:
-                setattr(given, key, value if isinstance(value, bool) else [_text(v) for v in _listed(value)] if key in many else _text(value))
+                setattr(given, key, value if key in flags else [_text(v) for v in _listed(value)] if key in many else _text(value))
     return given
 
 

@@ -433,7 +433,8 @@ def lm_eval_config_changes() -> Iterator[tuple[str, Callable[[Path], None]]]:
     of lm-eval's own added; its text damaged."""
     yield "lm-eval.yaml as it is", partial(_write, "lm-eval.yaml", yaml.safe_dump(LM_EVAL_CONFIG))
     for at in key_paths(LM_EVAL_CONFIG):
-        for new in JSON_VALUES:
+        # a limit removed, null or past the task's size is the whole task: minutes, and valid
+        for new in [v for v in JSON_VALUES if at != ("limit",) or v not in (..., None, 0.5, 10**20, 1e308)]:
             yield f"lm-eval.yaml {'.'.join(map(str, at))} = {new!r}", partial(_write, "lm-eval.yaml", yaml.safe_dump(changed(LM_EVAL_CONFIG, at, new)))
     for key, value in (("model", "hf"), ("model", "bogus"), ("num_fewshot", "1e10"), ("verbosity", "bogus"), ("include_path", "missing")):
         yield f"lm-eval.yaml {key} = {value!r}", partial(_write, "lm-eval.yaml", yaml.safe_dump({**LM_EVAL_CONFIG, key: value}))

@@ -35,7 +35,8 @@ or hf:OWNER/REPO/FILE.gguf), error (ERROR[@K[/V]], as kvinject run --error), tar
 positions, heads, cache_type_k, cache_type_v, flash_attn, kv_rotation, seed, run, threads,
 parallel, n_gpu_layers, max_length. The error that reached the cache is printed at the end,
 and with --output_path written beside lm-eval's results (kvinject.json).
-kvinject's own tasks (kvinject_nextword) are found unless --include_path names another folder.
+kvinject's own tasks (kvinject_nextword) are found unless --include_path (or --config's)
+names another folder.
 lm-eval's own options follow.
 """
 

@@ -241,6 +241,22 @@ def test_the_lmeval_bench_refuses_what_it_cannot_run_in_one_line(options, messag
         make_bench("lmeval", {"include_path": str(FIXTURES), **options})
 
 
+def test_data_replaces_the_documents_of_a_task_that_makes_them_in_code(tmp_path):
+    """kvinject_nextword makes its documents in code (custom_dataset): --data was ignored without
+    a word, and its own 2766 documents scored. An empty file said only StopIteration."""
+    from kvinject.benchmarks.lmeval import TASKS
+    from kvinject.exceptions import DataError
+    from kvinject.lmeval.tasks import task_set
+
+    docs = [{"prompt": "The cat sat on the", "choices": [" mat", " moon", " idea", " seven"], "answer": 0}] * 2
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    tasks = task_set(("kvinject_nextword",), [TASKS], data=str(tmp_path / "mine.jsonl"))
+    assert tasks.docs(None) == {"kvinject_nextword": 2}
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match="--data .*empty.jsonl: the file is empty"):
+        task_set(("kvinject_nextword",), [TASKS], data=str(tmp_path / "empty.jsonl"))
+
+
 def test_tasks_the_include_folders_hold_are_found_without_lm_evals_own(tmp_path):
     """Plain tasks of the include folders are looked up in those alone (lm-eval's own 14,000
     YAMLs take 10 s to index); with one of lm-eval's tasks, or a group, the whole index."""

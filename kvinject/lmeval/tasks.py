@@ -143,12 +143,15 @@ def task_set(names: tuple[str, ...], include_path: list[str | Path] | None = Non
             raise DataError(f"--data {path}: no such file")
         if Path(path).suffix not in BUILDERS:
             raise DataError(f"--data {path}: give a {', '.join(BUILDERS)} file")
+        if Path(path).stat().st_size == 0:  # the datasets library's StopIteration said nothing
+            raise DataError(f"--data {path}: the file is empty")
     evaluated = config.get("test_split") or config.get("validation_split") or "test"
     files[evaluated] = data
     examples = config.get("fewshot_split") or config.get("training_split")
     if examples:
         files[examples] = shots_data or data
     config.update(dataset_path=BUILDERS[Path(data).suffix], dataset_name=None, dataset_kwargs={"data_files": files})
+    config.pop("custom_dataset", None)  # a task that makes its documents in code read them there, not from the file
     if examples is None and shots_data is not None:
         raise DataError(f"--shots-data: {names[0]} takes no few-shot examples from a split")
     return TaskSet(names, [config], manager)

@@ -8,6 +8,7 @@ Paths are relative to a workspace (:func:`workspace`) that each command gets a f
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections.abc import Iterator
@@ -130,6 +131,7 @@ LM_EVAL_MEANINGS: dict[str, list[str]] = {
 }
 
 
+@functools.cache  # built once: each option's spellings ask it which prefixes are its own
 def lm_eval_parser() -> Any:
     from lm_eval._cli import HarnessCLI
 

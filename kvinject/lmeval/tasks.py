@@ -76,13 +76,12 @@ class TaskSet:
 def check_include_path(folder: str | Path, flag: str) -> None:
     """A folder of task YAMLs that exists: lm-eval skips one that does not without a word."""
     path = Path(folder)
-    if path.is_file() and path.suffix in (".yaml", ".yml"):
-        return
-    if not path.is_dir():
+    if not path.is_dir() and not (path.is_file() and path.suffix in (".yaml", ".yml")):
         raise DataError(f"{flag} {folder}: no such folder (a folder of lm-eval task YAMLs)")
-    if not any(path.rglob("*.yaml")) and not any(path.rglob("*.yml")):
+    found = list(_yamls(path))
+    if not found:
         raise DataError(f"{flag} {folder}: the folder holds no task YAMLs")
-    for yaml_path, config in _yamls(path):
+    for yaml_path, config in found:
         if isinstance(config, dict) and "task" in config and not isinstance(config["task"], (str, list)):  # lm-eval's index sorts the names: a TypeError
             raise DataError(f"{flag} {folder}: {yaml_path}: task must be the task's name, got {config['task']!r}")
 
@@ -99,8 +98,8 @@ def _yamls(path: Path) -> Iterator[tuple[Path, Any]]:
 
 def skipped(include_path: list[str | Path]) -> str:
     """The YAMLs of the folders that lm-eval skips without a word: no task of theirs is found."""
-    skipped = [f"{p} ({said(c) if isinstance(c, Exception) else 'no mapping'})" for f in include_path for p, c in _yamls(Path(f)) if not isinstance(c, dict)]
-    return f"; lm-eval skipped {', '.join(skipped)}" if skipped else ""
+    unread = [f"{p} ({said(c) if isinstance(c, Exception) else 'no mapping'})" for f in include_path for p, c in _yamls(Path(f)) if not isinstance(c, dict)]
+    return f"; lm-eval skipped {', '.join(unread)}" if unread else ""
 
 
 def _manager(names: tuple[str, ...], include_path: list[str | Path] | None) -> TaskManager:
@@ -123,7 +122,7 @@ def task_set(names: tuple[str, ...], include_path: list[str | Path] | None = Non
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its INFO lines would interleave with the progress bars
     for folder in include_path or []:
         check_include_path(folder, "--include-path")
-    with refused("index the tasks of --include-path"):  # a YAML's task that is no name
+    with refused("index the tasks of --include-path"):
         manager = _manager(names, include_path)
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
